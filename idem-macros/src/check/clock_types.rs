@@ -1,0 +1,51 @@
+//! Rejects key parameters declared with a clock type (`SystemTime`, `Instant`,
+//! chrono and time types). Fields reached through a struct are caught by the
+//! type system instead: clock types do not implement `KeyPart`.
+
+use syn::{GenericArgument, PathArguments, Type};
+
+const CLOCK_TYPES: &[&str] = &[
+    "SystemTime",
+    "Instant",
+    "DateTime",
+    "NaiveDateTime",
+    "NaiveTime",
+    "OffsetDateTime",
+    "PrimitiveDateTime",
+    "UtcDateTime",
+    "Timestamp",
+    "Zoned",
+];
+
+/// The clock type named anywhere in `ty` (`Option<DateTime<Utc>>` included).
+pub(crate) fn find(ty: &Type) -> Option<&syn::Ident> {
+    match ty {
+        Type::Reference(r) => find(&r.elem),
+        Type::Paren(p) => find(&p.elem),
+        Type::Group(g) => find(&g.elem),
+        Type::Slice(s) => find(&s.elem),
+        Type::Array(a) => find(&a.elem),
+        Type::Tuple(t) => t.elems.iter().find_map(find),
+        Type::Path(p) => {
+            let last = p.path.segments.last()?;
+            if CLOCK_TYPES.iter().any(|c| last.ident == c) {
+                return Some(&last.ident);
+            }
+            match &last.arguments {
+                PathArguments::AngleBracketed(args) => args.args.iter().find_map(|a| match a {
+                    GenericArgument::Type(t) => find(t),
+                    _ => None,
+                }),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+pub(crate) fn message(param: &str, clock: &syn::Ident) -> String {
+    format!(
+        "key parameter `{param}` is a `{clock}`, a clock value: it is different on every retry, so the key never repeats and nothing is deduplicated\n\
+         help: key on business fields (user id, sku, client order number); a date that is fixed per intent can be passed as a string or number and named in `allow`"
+    )
+}

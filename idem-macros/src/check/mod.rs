@@ -1,0 +1,176 @@
+//! Stage 2: the misuse catalog. Every rule here is a compile error with its
+//! span on the offending token and a message that says what to do instead
+//! (each has a trybuild case under `tests/ui`).
+
+mod clock_types;
+pub(crate) mod durations;
+mod signature;
+mod time_like_names;
+
+use std::collections::HashSet;
+
+use syn::{Expr, ItemFn, LitStr, Type};
+
+use crate::args::{IdempotentArgs, StepArgs};
+use crate::errors::Errors;
+use crate::params;
+use crate::segments::{self, Segment};
+
+/// Everything expansion needs, validated.
+pub(crate) struct Plan<'a> {
+    pub key: Vec<Segment>,
+    pub fingerprint: Vec<Segment>,
+    pub scope: Option<LitStr>,
+    pub consumer: bool,
+    pub event: Option<LitStr>,
+    pub ttl_ms: u64,
+    pub lease_ms: u64,
+    pub wait_ms: Option<u64>,
+    pub store: Option<Expr>,
+    pub final_err: Option<Expr>,
+    pub ok_type: Option<&'a Type>,
+    pub err_type: Option<&'a Type>,
+}
+
+pub(crate) fn idempotent<'a>(
+    args: IdempotentArgs,
+    func: &'a ItemFn,
+    errors: &mut Errors,
+) -> Plan<'a> {
+    let result = signature::check(&func.sig, "idempotent", errors);
+    let allow: HashSet<String> = args
+        .allow
+        .as_ref()
+        .map(|l| l.value().split('|').map(|s| s.trim().to_owned()).collect())
+        .unwrap_or_default();
+    let consumer = args.consumer.is_some();
+
+    if let (Some(event), false) = (&args.event, consumer) {
+        errors.error(
+            event,
+            "`event` only applies to consumers: add `consumer` (the event type then goes into the key), or drop `event`",
+        );
+    }
+    if let Some(event) = &args.event {
+        if event.value().trim().is_empty() {
+            errors.error(
+                event,
+                "`event` is empty: name the event type, e.g. event = \"SETTLE\"",
+            );
+        }
+    }
+    if let Some(scope) = &args.scope {
+        if scope.value().trim().is_empty() {
+            errors.error(scope, "`scope` is empty: name the namespace of these keys, e.g. scope = \"orders.create\"");
+        }
+    }
+
+    let key = match &args.key {
+        Some(lit) => segments::parse(lit, "key", errors),
+        None => {
+            errors.at(
+                proc_macro2::Span::call_site(),
+                "#[idempotent] needs a `key`: name the business fields that identify one intent, e.g. key = \"req.user_id|req.client_order_no\"",
+            );
+            Vec::new()
+        }
+    };
+    let fingerprint = args
+        .fingerprint
+        .as_ref()
+        .map(|lit| segments::parse(lit, "fingerprint", errors))
+        .unwrap_or_default();
+
+    let bindings = params::bindings(&func.sig);
+    for seg in key.iter().chain(&fingerprint) {
+        check_segment(seg, &bindings, &allow, errors);
+    }
+
+    let durations = durations::check(
+        args.ttl.as_ref(),
+        args.lease.as_ref(),
+        args.wait.as_ref(),
+        consumer,
+        allow.contains("ttl"),
+        errors,
+    );
+
+    Plan {
+        key,
+        fingerprint,
+        scope: args.scope,
+        consumer,
+        event: args.event,
+        ttl_ms: durations.ttl,
+        lease_ms: durations.lease,
+        wait_ms: durations.wait,
+        store: args.store,
+        final_err: args.final_err,
+        ok_type: result.as_ref().map(|r| r.ok),
+        err_type: result.and_then(|r| r.err),
+    }
+}
+
+fn check_segment(
+    seg: &Segment,
+    bindings: &[params::Binding<'_>],
+    allow: &HashSet<String>,
+    errors: &mut Errors,
+) {
+    let Some(binding) = bindings.iter().find(|b| b.name == seg.root) else {
+        let mut msg = format!(
+            "key segment `{}` names no parameter of this function",
+            seg.text
+        );
+        let names = bindings.iter().map(|b| b.name.as_str());
+        if let Some(best) = crate::suggest::closest(&seg.root, names) {
+            msg.push_str(&format!("; did you mean `{best}`?"));
+        }
+        let all: Vec<&str> = bindings.iter().map(|b| b.name.as_str()).collect();
+        if all.is_empty() {
+            msg.push_str("\nhelp: the function has no parameters to build a key from");
+        } else {
+            msg.push_str(&format!("\nhelp: the parameters are: {}", all.join(", ")));
+        }
+        errors.at(seg.span, msg);
+        return;
+    };
+    for name in seg.names() {
+        if allow.contains(name) {
+            continue;
+        }
+        if let Some(suspicion) = time_like_names::judge(name) {
+            errors.at(
+                seg.span,
+                time_like_names::message(&seg.text, name, suspicion),
+            );
+            return;
+        }
+    }
+    if let (Some(ty), true) = (binding.ty, seg.fields.is_empty()) {
+        if let Some(clock) = clock_types::find(ty) {
+            if !allow.contains(&seg.root) {
+                errors.error(ty, clock_types::message(&seg.root, clock));
+            }
+        }
+    }
+}
+
+pub(crate) fn step<'a>(args: &StepArgs, func: &'a ItemFn, errors: &mut Errors) -> Option<&'a Type> {
+    let result = signature::check(&func.sig, "step", errors);
+    match &args.name {
+        None => errors.at(
+            proc_macro2::Span::call_site(),
+            format!(
+                "#[step] needs an explicit name: #[step(\"{}\")]\n\
+                 help: a step's name is its identity in the step records; it must survive renaming the function",
+                func.sig.ident
+            ),
+        ),
+        Some(name) if name.value().trim().is_empty() => {
+            errors.error(name, "the step name is empty: name the step, e.g. #[step(\"deduct_stock\")]")
+        }
+        Some(_) => {}
+    }
+    result.map(|r| r.ok)
+}

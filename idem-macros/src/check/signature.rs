@@ -1,0 +1,69 @@
+//! What the annotated function must look like: async, returning `Result`.
+
+use syn::{GenericArgument, PathArguments, ReturnType, Signature, Type};
+
+use crate::errors::Errors;
+
+/// The `T` and `E` of a `Result<T, E>` return type, when written out.
+pub(crate) struct ResultTypes<'a> {
+    pub ok: &'a Type,
+    pub err: Option<&'a Type>,
+}
+
+pub(crate) fn check<'a>(
+    sig: &'a Signature,
+    attr: &str,
+    errors: &mut Errors,
+) -> Option<ResultTypes<'a>> {
+    if sig.asyncness.is_none() {
+        errors.error(
+            &sig.fn_token,
+            format!(
+                "#[{attr}] needs an `async fn`: claiming and completing the key are async store round trips\n\
+                 help: write `async fn {}(…)`",
+                sig.ident
+            ),
+        );
+    }
+    let ReturnType::Type(_, ty) = &sig.output else {
+        errors.error(
+            &sig.ident,
+            format!(
+                "#[{attr}] needs a function returning `Result<T, E>`: `Ok` is stored and replayed, `Err` releases the key for a retry\n\
+                 help: return `Result<T, E>` with `T: Serialize + DeserializeOwned` and `E: From<idem_runtime::Error>`"
+            ),
+        );
+        return None;
+    };
+    let not_result = || {
+        format!(
+            "#[{attr}] needs a function returning `Result<T, E>`, found `{}`: `Ok` is stored and replayed, `Err` releases the key for a retry",
+            quote::quote!(#ty)
+                .to_string()
+                .replace(" < ", "<")
+                .replace(" >", ">")
+                .replace(" ,", ",")
+        )
+    };
+    let Type::Path(path) = &**ty else {
+        errors.error(ty, not_result());
+        return None;
+    };
+    let last = path.path.segments.last()?;
+    if last.ident != "Result" {
+        errors.error(ty, not_result());
+        return None;
+    }
+    let PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    let mut types = args.args.iter().filter_map(|a| match a {
+        GenericArgument::Type(t) => Some(t),
+        _ => None,
+    });
+    let ok = types.next()?;
+    Some(ResultTypes {
+        ok,
+        err: types.next(),
+    })
+}

@@ -1,0 +1,184 @@
+//! Stage 3: generate code. Expansions stay thin: they build the key, name the
+//! store and hand the body to the runtime, which does the real work.
+//!
+//! The body is moved, token for token, into an `async move` block, so errors
+//! inside it keep pointing at the user's lines.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{ItemFn, LitStr, Path, ReturnType};
+
+use crate::check::Plan;
+use crate::segments::Segment;
+
+/// `req.user.id` as an expression, spanned on the attribute's string.
+fn segment_expr(seg: &Segment) -> TokenStream {
+    let root = syn::Ident::new(&seg.root, seg.span);
+    let fields = seg.fields.iter().map(|f| match f.parse::<u32>() {
+        Ok(index) => {
+            let index = syn::Index {
+                index,
+                span: seg.span,
+            };
+            quote!(.#index)
+        }
+        Err(_) => {
+            let ident = syn::Ident::new(f, seg.span);
+            quote!(.#ident)
+        }
+    });
+    quote!(#root #(#fields)*)
+}
+
+/// Wraps the body in an `async move` block whose output type is the function's
+/// return type, so `?` and `return` inside it mean what they meant before.
+fn body_block(func: &ItemFn) -> TokenStream {
+    let block = &func.block;
+    let stmts = &block.stmts;
+    let fake_return = match &func.sig.output {
+        ReturnType::Type(_, ty) => quote! {
+            // Never runs: it only tells inference the block's output type.
+            #[allow(
+                unknown_lints,
+                unreachable_code,
+                clippy::diverging_sub_expression,
+                clippy::empty_loop,
+                clippy::let_unit_value,
+                clippy::let_with_type_underscore,
+                clippy::needless_return,
+                clippy::unreachable
+            )]
+            if false {
+                let __idem_type_hint: #ty = loop {};
+                return __idem_type_hint;
+            }
+        },
+        ReturnType::Default => TokenStream::new(),
+    };
+    quote_spanned! {block.span()=>
+        async move {
+            #fake_return
+            #(#stmts)*
+        }
+    }
+}
+
+fn type_checks(krate: &Path, ok: Option<&syn::Type>, err: Option<&syn::Type>) -> TokenStream {
+    let ok = ok.map(|t| quote_spanned!(t.span()=> #krate::__private::assert_cacheable::<#t>();));
+    let err = err.map(|t| quote_spanned!(t.span()=> #krate::__private::assert_error_type::<#t>();));
+    quote!(#ok #err)
+}
+
+pub(crate) fn idempotent(plan: &Plan<'_>, func: &ItemFn, krate: &Path) -> TokenStream {
+    let ItemFn {
+        attrs, vis, sig, ..
+    } = func;
+    let fn_name = sig.ident.to_string();
+    let scope = match &plan.scope {
+        Some(lit) => quote!(#lit),
+        None => quote!(::core::concat!(::core::module_path!(), "::", #fn_name)),
+    };
+    let kind = if plan.consumer {
+        quote!(#krate::__private::Kind::Consumer)
+    } else {
+        quote!(#krate::__private::Kind::Call)
+    };
+    let (ttl, lease) = (plan.ttl_ms, plan.lease_ms);
+    let wait = match plan.wait_ms {
+        Some(ms) => quote!(#krate::__private::Some(#krate::__private::Duration::from_millis(#ms))),
+        None => quote!(#krate::__private::None),
+    };
+
+    let event = plan
+        .event
+        .as_ref()
+        .map(|e: &LitStr| quote!(#krate::__private::key_part(&mut __idem_key, #e);));
+    let key_parts = plan.key.iter().map(|seg| {
+        let expr = segment_expr(seg);
+        quote_spanned!(seg.span=> #krate::__private::key_part(&mut __idem_key, &#expr);)
+    });
+    let fingerprint = if plan.fingerprint.is_empty() {
+        quote!(#krate::__private::None)
+    } else {
+        let parts = plan.fingerprint.iter().map(|seg| {
+            let expr = segment_expr(seg);
+            quote_spanned!(seg.span=> #krate::__private::fingerprint_part(&mut __idem_fp, &#expr);)
+        });
+        quote!({
+            let mut __idem_fp = #krate::__private::fingerprint_builder();
+            #(#parts)*
+            #krate::__private::Some(__idem_fp.finish())
+        })
+    };
+    let store = match &plan.store {
+        Some(expr) => {
+            quote_spanned!(expr.span()=> #krate::__private::Some(#krate::__private::store_of(&(#expr))))
+        }
+        None => quote!(#krate::__private::None),
+    };
+    let checks = type_checks(krate, plan.ok_type, plan.err_type);
+    let body = body_block(func);
+    let call = match &plan.final_err {
+        None => quote! {
+            #krate::__private::execute(&__IDEM_SPEC, __idem_store, __idem_key, __idem_fp, __idem_body)
+        },
+        Some(pred) => quote! {
+            #krate::__private::execute_keeping_final(
+                &__IDEM_SPEC, __idem_store, __idem_key, __idem_fp, #pred, __idem_body,
+            )
+        },
+    };
+
+    quote! {
+        #(#attrs)*
+        #vis #sig {
+            const __IDEM_SPEC: #krate::__private::Spec = #krate::__private::Spec {
+                scope: #scope,
+                kind: #kind,
+                ttl: #krate::__private::Duration::from_millis(#ttl),
+                lease: #krate::__private::Duration::from_millis(#lease),
+                wait: #wait,
+            };
+            #checks
+            let __idem_key = {
+                let mut __idem_key = #krate::__private::key_builder(__IDEM_SPEC.scope);
+                #event
+                #(#key_parts)*
+                __idem_key.finish()
+            };
+            let __idem_fp = #fingerprint;
+            let __idem_store = #store;
+            let __idem_body = #body;
+            #call.await
+        }
+    }
+}
+
+pub(crate) fn step(
+    name: &LitStr,
+    ok: Option<&syn::Type>,
+    func: &ItemFn,
+    krate: &Path,
+) -> TokenStream {
+    let ItemFn {
+        attrs, vis, sig, ..
+    } = func;
+    let checks = type_checks(krate, ok, None);
+    let body = body_block(func);
+    quote! {
+        #(#attrs)*
+        #vis #sig {
+            #checks
+            #krate::__private::run_step(#name, #body).await
+        }
+    }
+}
+
+/// `::idem_runtime`, or the path given with `crate = "…"`.
+pub(crate) fn runtime_path(custom: Option<Path>) -> Path {
+    custom.unwrap_or_else(|| {
+        let ident = syn::Ident::new("idem_runtime", Span::call_site());
+        syn::parse_quote!(::#ident)
+    })
+}

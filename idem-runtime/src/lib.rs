@@ -1,0 +1,121 @@
+//! Idempotency for Rust services, written as attributes.
+//!
+//! Annotate a handler or a message consumer once. The expansion derives a
+//! stable key from business fields, claims it in a store in two phases
+//! (PROCESSING → DONE), replays the saved result to duplicates, resumes
+//! multi-step flows from the step that failed, and refuses at compile time the
+//! keys that can never deduplicate.
+//!
+//! ```
+//! use idem_runtime::{idempotent, step};
+//! use idem_runtime::store::memory::MemoryStore;
+//!
+//! #[derive(Debug)]
+//! enum AppError { Idem(idem_runtime::Error), OutOfStock }
+//! impl From<idem_runtime::Error> for AppError {
+//!     fn from(e: idem_runtime::Error) -> Self { AppError::Idem(e) }
+//! }
+//!
+//! struct CreateOrder { user_id: u64, sku: String, client_order_no: String }
+//!
+//! #[idempotent(key = "req.user_id|req.sku|req.client_order_no", ttl = "24h")]
+//! async fn create_order(req: CreateOrder) -> Result<u64, AppError> {
+//!     let ticket = reserve_stock(&req.sku).await?;
+//!     Ok(ticket * 10)
+//! }
+//!
+//! #[step("reserve_stock")]
+//! async fn reserve_stock(sku: &str) -> Result<u64, AppError> {
+//!     if sku.is_empty() { return Err(AppError::OutOfStock); }
+//!     Ok(42)
+//! }
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! idem_runtime::install(MemoryStore::new());
+//! let req = || CreateOrder { user_id: 1, sku: "SKU-1".into(), client_order_no: "c-1".into() };
+//! assert_eq!(create_order(req()).await.unwrap(), 420);
+//! assert_eq!(create_order(req()).await.unwrap(), 420); // replayed
+//! # });
+//! ```
+//!
+//! See the README for the misuse checks, the stores and their guarantees.
+
+#![warn(missing_docs)]
+
+mod clock;
+mod error;
+mod flow;
+mod global;
+pub mod key;
+mod observe;
+pub mod protocol;
+pub mod store;
+
+/// Makes an async fn returning `Result<T, E>` idempotent.
+///
+/// See the crate documentation and the README for every option.
+pub use idem_macros::idempotent;
+/// Marks an async fn as a named step of an idempotent flow.
+///
+/// See the crate documentation and the README.
+pub use idem_macros::step;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{Error, StoreError};
+pub use flow::current_key;
+pub use global::install;
+pub use key::{Fingerprint, Key, KeyEncoder, KeyPart};
+pub use store::{
+    AsStore, Claim, ClaimRequest, Completion, Outcome, RecordInfo, RecordState, Store, StoreRef,
+    StoredResult, Token,
+};
+
+/// What expansions of `#[idempotent]` and `#[step]` name. Not a public API:
+/// it changes without notice.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::key::{FingerprintBuilder, Key, KeyBuilder};
+    pub use crate::protocol::{
+        Cacheable, FromIdemError, Kind, Spec, execute, execute_keeping_final, run_step,
+    };
+    pub use crate::store::{AsStore, StoreRef};
+    pub use core::option::Option::{None, Some};
+    pub use core::time::Duration;
+
+    use crate::key::{Fingerprint, KeyPart};
+
+    #[inline]
+    pub fn key_builder(scope: &str) -> KeyBuilder {
+        Key::builder(scope)
+    }
+
+    #[inline]
+    pub fn fingerprint_builder() -> FingerprintBuilder {
+        Fingerprint::builder()
+    }
+
+    // A free function rather than a method call, so an unsupported segment type is
+    // reported as `KeyPart` unimplemented on the segment itself.
+    #[inline]
+    pub fn key_part<P: KeyPart + ?Sized>(builder: &mut KeyBuilder, part: &P) {
+        builder.push(part);
+    }
+
+    #[inline]
+    pub fn fingerprint_part<P: KeyPart + ?Sized>(builder: &mut FingerprintBuilder, part: &P) {
+        builder.push(part);
+    }
+
+    #[inline]
+    pub fn store_of<S: AsStore + ?Sized>(store: &S) -> StoreRef {
+        store.as_store()
+    }
+
+    /// Pins the cached type's check to the user's `T`, so the error lands there.
+    #[inline]
+    pub fn assert_cacheable<T: Cacheable>() {}
+
+    /// Pins the error type's check to the user's `E`.
+    #[inline]
+    pub fn assert_error_type<E: FromIdemError>() {}
+}

@@ -1,0 +1,306 @@
+//! The in-process store: a sharded map with expiry. One process only.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::{
+    AsStore, Claim, ClaimRequest, Completion, DEFAULT_MAX_RESULT_BYTES, Outcome, RecordInfo,
+    RecordState, Store, StoreRef, StoredResult, Token,
+};
+use crate::clock::{Clock, SystemClock, duration_millis};
+use crate::error::StoreError;
+use crate::key::{Fingerprint, Key};
+
+// A power of two, so the shard is a mask of the (uniformly random) key hash.
+const SHARDS: usize = 64;
+
+#[derive(Debug, Clone)]
+enum State {
+    Processing {
+        token: Token,
+        lease_until: i64,
+    },
+    Done {
+        outcome: Outcome,
+        payload: Arc<[u8]>,
+    },
+    // Released records keep their fence so it never goes backwards.
+    Released,
+}
+
+#[derive(Debug, Clone)]
+struct Record {
+    state: State,
+    fence: u64,
+    expires_at: i64,
+    fingerprint: Option<Fingerprint>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    shards: Vec<Mutex<HashMap<Key, Record>>>,
+    clock: Arc<dyn Clock>,
+    max_result_bytes: usize,
+}
+
+/// An in-memory store: fast, exact within one process, gone on restart.
+///
+/// Use it for tests and single-process tools; a service with more than one
+/// replica needs a shared store.
+///
+/// ```
+/// use idem_runtime::store::memory::MemoryStore;
+/// use idem_runtime::{ManualClock, Store};
+///
+/// let store = MemoryStore::builder()
+///     .clock(ManualClock::default())
+///     .max_result_bytes(64 * 1024)
+///     .build();
+/// assert_eq!(store.max_result_bytes(), 64 * 1024);
+/// ```
+#[derive(Debug, Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+/// Configures a [`MemoryStore`].
+#[derive(Debug)]
+pub struct MemoryStoreBuilder {
+    clock: Arc<dyn Clock>,
+    max_result_bytes: usize,
+}
+
+impl MemoryStoreBuilder {
+    /// The clock for leases and expiry (default: the system clock).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// The largest result kept (default 1 MiB).
+    pub fn max_result_bytes(mut self, limit: usize) -> Self {
+        self.max_result_bytes = limit;
+        self
+    }
+
+    /// Builds the store.
+    pub fn build(self) -> MemoryStore {
+        MemoryStore {
+            inner: Arc::new(Inner {
+                shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+                clock: self.clock,
+                max_result_bytes: self.max_result_bytes,
+            }),
+        }
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore::new()
+    }
+}
+
+impl MemoryStore {
+    /// A store on the system clock with the default result cap.
+    pub fn new() -> Self {
+        MemoryStore::builder().build()
+    }
+
+    /// Configures a store.
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder {
+            clock: Arc::new(SystemClock),
+            max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
+        }
+    }
+
+    fn shard(&self, key: &Key) -> MutexGuard<'_, HashMap<Key, Record>> {
+        let idx = usize::from(key.as_bytes()[0]) & (SHARDS - 1);
+        // A panic while holding the lock cannot leave a record half-written (every
+        // mutation is a single assignment), so a poisoned shard is still consistent.
+        self.inner.shards[idx]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn now(&self) -> i64 {
+        self.inner.clock.now_millis()
+    }
+}
+
+fn remaining(until: i64, now: i64) -> Duration {
+    Duration::from_millis(u64::try_from(until.saturating_sub(now)).unwrap_or(0))
+}
+
+fn is_live(rec: &Record, now: i64) -> bool {
+    rec.expires_at > now && !matches!(rec.state, State::Released)
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+
+    fn max_result_bytes(&self) -> usize {
+        self.inner.max_result_bytes
+    }
+
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        let now = self.now();
+        let mut shard = self.shard(req.key);
+        let (fence, takeover) = match shard.get(req.key) {
+            None => (1, false),
+            Some(rec) if !is_live(rec, now) => (rec.fence + 1, false),
+            Some(rec) => match &rec.state {
+                State::Done { outcome, payload } => {
+                    return Ok(Claim::Done(StoredResult {
+                        fingerprint: rec.fingerprint,
+                        outcome: *outcome,
+                        payload: payload.to_vec(),
+                    }));
+                }
+                State::Processing { token, .. } if *token == req.token => (rec.fence, false),
+                State::Processing { lease_until, .. } if *lease_until > now => {
+                    return Ok(Claim::Busy {
+                        lease_remaining: remaining(*lease_until, now),
+                        fingerprint: rec.fingerprint,
+                    });
+                }
+                State::Processing { .. } => (rec.fence + 1, true),
+                State::Released => unreachable!("released records are not live"),
+            },
+        };
+        shard.insert(
+            *req.key,
+            Record {
+                state: State::Processing {
+                    token: req.token,
+                    lease_until: now.saturating_add(duration_millis(req.lease)),
+                },
+                fence,
+                expires_at: now.saturating_add(duration_millis(req.ttl)),
+                fingerprint: req.fingerprint,
+            },
+        );
+        Ok(Claim::Acquired { fence, takeover })
+    }
+
+    async fn complete(
+        &self,
+        key: &Key,
+        token: Token,
+        completion: Completion<'_>,
+    ) -> Result<bool, StoreError> {
+        let now = self.now();
+        let mut shard = self.shard(key);
+        match shard.get_mut(key) {
+            Some(rec) if owned_by(rec, token) => {
+                rec.state = State::Done {
+                    outcome: completion.outcome,
+                    payload: completion.payload.into(),
+                };
+                rec.expires_at = now.saturating_add(duration_millis(completion.ttl));
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn release(&self, key: &Key, token: Token) -> Result<bool, StoreError> {
+        let mut shard = self.shard(key);
+        match shard.get_mut(key) {
+            Some(rec) if owned_by(rec, token) => {
+                rec.state = State::Released;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn renew(&self, key: &Key, token: Token, lease: Duration) -> Result<bool, StoreError> {
+        let now = self.now();
+        let mut shard = self.shard(key);
+        match shard.get_mut(key) {
+            Some(rec) if owned_by(rec, token) && rec.expires_at > now => {
+                rec.state = State::Processing {
+                    token,
+                    lease_until: now.saturating_add(duration_millis(lease)),
+                };
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<RecordInfo>, StoreError> {
+        let now = self.now();
+        let shard = self.shard(key);
+        Ok(shard.get(key).filter(|r| is_live(r, now)).map(|rec| {
+            let (state, lease_until_millis, result) = match &rec.state {
+                State::Processing { lease_until, .. } => {
+                    (RecordState::Processing, *lease_until, None)
+                }
+                State::Done { outcome, payload } => (
+                    RecordState::Done,
+                    0,
+                    Some(StoredResult {
+                        fingerprint: rec.fingerprint,
+                        outcome: *outcome,
+                        payload: payload.to_vec(),
+                    }),
+                ),
+                State::Released => unreachable!("released records are not live"),
+            };
+            RecordInfo {
+                state,
+                fence: rec.fence,
+                lease_until_millis,
+                expires_at_millis: rec.expires_at,
+                result,
+            }
+        }))
+    }
+
+    async fn evict(&self, key: &Key) -> Result<bool, StoreError> {
+        Ok(self.shard(key).remove(key).is_some())
+    }
+
+    async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError> {
+        let now = self.now();
+        let mut purged = 0usize;
+        for shard in &self.inner.shards {
+            if purged >= limit {
+                break;
+            }
+            let mut map = shard.lock().unwrap_or_else(|p| p.into_inner());
+            let dead: Vec<Key> = map
+                .iter()
+                .filter(|(_, r)| !is_live(r, now))
+                .map(|(k, _)| *k)
+                .take(limit - purged)
+                .collect();
+            for k in &dead {
+                map.remove(k);
+            }
+            purged += dead.len();
+        }
+        Ok(purged as u64)
+    }
+}
+
+// Ownership is the token of a PROCESSING record; a DONE or released record has
+// no owner left to act.
+fn owned_by(rec: &Record, token: Token) -> bool {
+    matches!(rec.state, State::Processing { token: t, .. } if t == token)
+}
+
+impl AsStore for MemoryStore {
+    fn as_store(&self) -> StoreRef {
+        StoreRef::new(self.clone())
+    }
+}

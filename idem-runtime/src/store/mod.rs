@@ -1,0 +1,303 @@
+//! The store contract: one atomic claim, fenced completion and release.
+//!
+//! A backend implements [`Store`]; the protocol in [`crate::protocol`] does the
+//! rest (encoding, replay, waiting, heartbeats, metrics). Every backend must pass
+//! the conformance suite in `tests/src/conformance.rs`.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::StoreError;
+use crate::key::{Fingerprint, Key};
+
+pub mod memory;
+#[cfg(feature = "sqlite")]
+pub mod sql;
+
+/// Results larger than this are not stored unless a store says otherwise.
+pub const DEFAULT_MAX_RESULT_BYTES: usize = 1024 * 1024;
+
+/// The random identity of one claim attempt: its owner.
+///
+/// Completion and release carry it, and act only while it still owns the record,
+/// so a stale owner finishing late can neither overwrite nor delete the record
+/// of the caller that took over.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Token(pub [u8; 16]);
+
+impl Token {
+    /// A fresh random token.
+    pub fn random() -> Self {
+        Token(rand::random())
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Token({})", hex::encode(self.0))
+    }
+}
+
+/// How a finished call ended, as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Outcome {
+    /// `Ok(T)`: the payload is the encoded `T`.
+    Success = 1,
+    /// `Err(E)` that the user marked final: the payload is the encoded `E`.
+    FinalError = 2,
+    /// The body finished but its result could not be stored (too large, or it
+    /// failed to encode); the payload says why. Duplicates get an error, never a
+    /// second execution.
+    Unstored = 3,
+}
+
+impl Outcome {
+    /// The code stores persist.
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// The outcome for a persisted code.
+    pub fn from_code(code: i64) -> Option<Outcome> {
+        match code {
+            1 => Some(Outcome::Success),
+            2 => Some(Outcome::FinalError),
+            3 => Some(Outcome::Unstored),
+            _ => None,
+        }
+    }
+}
+
+/// One claim attempt.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimRequest<'a> {
+    /// The hashed key.
+    pub key: &'a Key,
+    /// The caller's owner token.
+    pub token: Token,
+    /// The payload fingerprint, if the call declares one.
+    pub fingerprint: Option<Fingerprint>,
+    /// How long the PROCESSING claim holds before another caller may take it over.
+    pub lease: Duration,
+    /// How long the record lives (as PROCESSING, and again from completion as DONE).
+    pub ttl: Duration,
+}
+
+/// A finished record, as read back for replay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResult {
+    /// The fingerprint the record was claimed with.
+    pub fingerprint: Option<Fingerprint>,
+    /// How the call ended.
+    pub outcome: Outcome,
+    /// The encoded result (see [`Outcome`]).
+    pub payload: Vec<u8>,
+}
+
+/// What one atomic claim found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The caller now owns the record as PROCESSING and must run the body.
+    Acquired {
+        /// A number that grows with every acquisition of this key.
+        fence: u64,
+        /// The previous owner's lease had run out while it was still PROCESSING:
+        /// it crashed or stalled, and this caller took over.
+        takeover: bool,
+    },
+    /// Another owner holds a live PROCESSING claim.
+    Busy {
+        /// How long its lease still holds.
+        lease_remaining: Duration,
+        /// The fingerprint it claimed with.
+        fingerprint: Option<Fingerprint>,
+    },
+    /// The record is DONE: replay it.
+    Done(StoredResult),
+}
+
+/// What a completion stores.
+#[derive(Debug, Clone, Copy)]
+pub struct Completion<'a> {
+    /// How the call ended.
+    pub outcome: Outcome,
+    /// The encoded result.
+    pub payload: &'a [u8],
+    /// How long the DONE record lives from now.
+    pub ttl: Duration,
+}
+
+/// The state of a record, for operators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordState {
+    /// Claimed and running (or its owner died and the lease will run out).
+    Processing,
+    /// Finished; duplicates replay it.
+    Done,
+}
+
+/// A record as an operator sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordInfo {
+    /// PROCESSING or DONE.
+    pub state: RecordState,
+    /// The fence of the current owner.
+    pub fence: u64,
+    /// Lease end, milliseconds since the Unix epoch (meaningful while PROCESSING).
+    pub lease_until_millis: i64,
+    /// When the record expires, milliseconds since the Unix epoch.
+    pub expires_at_millis: i64,
+    /// The stored result, once DONE.
+    pub result: Option<StoredResult>,
+}
+
+/// A backend that keeps idempotency records.
+///
+/// Every method is one atomic operation on the backend. Time (for leases and
+/// expiry) is the store's own clock, so a store on a server can use the
+/// server's time and a test store a [`crate::ManualClock`].
+///
+/// The full contract, case by case, is the conformance suite
+/// (`idem-tests/src/conformance.rs`); a new backend runs it unchanged.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_runtime::{Claim, ClaimRequest, Key, Store, Token};
+/// use idem_runtime::store::memory::MemoryStore;
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let store = MemoryStore::new();
+/// let key = Key::builder("doc").part("k").finish();
+/// let req = ClaimRequest {
+///     key: &key,
+///     token: Token::random(),
+///     fingerprint: None,
+///     lease: Duration::from_secs(30),
+///     ttl: Duration::from_secs(3600),
+/// };
+/// assert!(matches!(store.claim(req).await?, Claim::Acquired { .. }));
+/// # Ok::<(), idem_runtime::StoreError>(())
+/// # }).unwrap();
+/// ```
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// The backend's name, for errors, metrics and logs.
+    fn backend(&self) -> &'static str;
+
+    /// The largest result payload this store keeps.
+    fn max_result_bytes(&self) -> usize {
+        DEFAULT_MAX_RESULT_BYTES
+    }
+
+    /// Atomically: if the record is absent, expired, released, or PROCESSING
+    /// past its lease (or PROCESSING under this same token, a retried claim),
+    /// make it PROCESSING for `req.token`; otherwise report what holds it.
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError>;
+
+    /// Marks the record DONE with the result, only if `token` still owns it.
+    /// Returns whether it did.
+    async fn complete(
+        &self,
+        key: &Key,
+        token: Token,
+        completion: Completion<'_>,
+    ) -> Result<bool, StoreError>;
+
+    /// Gives up the claim so a retry can run at once, only if `token` still
+    /// owns it. Keeps the fence, so it never goes backwards. Returns whether it
+    /// did.
+    async fn release(&self, key: &Key, token: Token) -> Result<bool, StoreError>;
+
+    /// Extends the lease of a PROCESSING record to `lease` from now, only if
+    /// `token` still owns it. Returns whether it did.
+    async fn renew(&self, key: &Key, token: Token, lease: Duration) -> Result<bool, StoreError>;
+
+    /// Reads a live record (not expired, not released).
+    async fn inspect(&self, key: &Key) -> Result<Option<RecordInfo>, StoreError>;
+
+    /// Deletes a record whatever its state: an operator's override. Returns
+    /// whether there was one.
+    async fn evict(&self, key: &Key) -> Result<bool, StoreError>;
+
+    /// Deletes up to `limit` expired or released records. Returns how many.
+    async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError>;
+}
+
+/// A shared handle to some store: what the protocol and the process-wide
+/// default hold.
+///
+/// ```
+/// use idem_runtime::StoreRef;
+/// use idem_runtime::store::memory::MemoryStore;
+///
+/// let store = StoreRef::new(MemoryStore::new());
+/// assert_eq!(store.backend(), "memory");
+/// ```
+#[derive(Clone)]
+pub struct StoreRef(Arc<dyn Store>);
+
+impl StoreRef {
+    /// Wraps a store.
+    pub fn new<S: Store>(store: S) -> Self {
+        StoreRef(Arc::new(store))
+    }
+
+    /// Wraps a shared store.
+    pub fn from_arc(store: Arc<dyn Store>) -> Self {
+        StoreRef(store)
+    }
+}
+
+impl std::ops::Deref for StoreRef {
+    type Target = dyn Store;
+
+    fn deref(&self) -> &dyn Store {
+        &*self.0
+    }
+}
+
+impl fmt::Debug for StoreRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StoreRef({})", self.0.backend())
+    }
+}
+
+/// Anything the `store = …` option may name: a store, an `Arc` of one, or a
+/// [`StoreRef`].
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an idempotency store",
+    label = "`store = …` must name a store",
+    note = "pass a value implementing `idem_runtime::Store` (and `Clone`), an `Arc` of one, or an `idem_runtime::StoreRef`"
+)]
+pub trait AsStore {
+    /// A shared handle to the store.
+    fn as_store(&self) -> StoreRef;
+}
+
+impl AsStore for StoreRef {
+    fn as_store(&self) -> StoreRef {
+        self.clone()
+    }
+}
+
+impl<S: Store> AsStore for Arc<S> {
+    fn as_store(&self) -> StoreRef {
+        StoreRef(self.clone())
+    }
+}
+
+impl AsStore for Arc<dyn Store> {
+    fn as_store(&self) -> StoreRef {
+        StoreRef(self.clone())
+    }
+}
+
+impl<T: AsStore + ?Sized> AsStore for &T {
+    fn as_store(&self) -> StoreRef {
+        (**self).as_store()
+    }
+}
