@@ -64,10 +64,47 @@ fn body_block(func: &ItemFn) -> TokenStream {
     }
 }
 
-fn type_checks(krate: &Path, ok: Option<&syn::Type>, err: Option<&syn::Type>) -> TokenStream {
-    let ok = ok.map(|t| quote_spanned!(t.span()=> #krate::__private::assert_cacheable::<#t>();));
-    let err = err.map(|t| quote_spanned!(t.span()=> #krate::__private::assert_error_type::<#t>();));
-    quote!(#ok #err)
+/// Assertions on the user's own type tokens, so a type that cannot be cached
+/// is reported once, there. With `T` and `E` written out each gets its own
+/// check; otherwise (an alias like `io::Result<T>`) the whole return type does.
+/// The protocol call is dispatched (see the runtime's `dispatch` module) so it
+/// repeats none of these errors, which is sound only because one of these
+/// assertions is always emitted.
+fn type_checks(
+    krate: &Path,
+    func: &ItemFn,
+    ok: Option<&syn::Type>,
+    err: Option<&syn::Type>,
+) -> TokenStream {
+    match (ok, err) {
+        (Some(ok), Some(err)) => {
+            let ok = quote_spanned!(ok.span()=> #krate::__private::assert_cacheable::<#ok>(););
+            let err = quote_spanned!(err.span()=> #krate::__private::assert_error_type::<#err>(););
+            quote!(#ok #err)
+        }
+        _ => {
+            let ret = return_type(func);
+            quote_spanned!(ret.span()=> #krate::__private::assert_result::<#ret>();)
+        }
+    }
+}
+
+fn return_type(func: &ItemFn) -> TokenStream {
+    match &func.sig.output {
+        ReturnType::Type(_, ty) => quote!(#ty),
+        ReturnType::Default => quote!(()),
+    }
+}
+
+/// `(&Dispatch::<Ret>::new())`: method calls on it pick the checked protocol
+/// when the types allow and the silent fallback otherwise.
+fn dispatch(krate: &Path, func: &ItemFn) -> TokenStream {
+    let ret = return_type(func);
+    quote! {
+        #[allow(unused_imports)]
+        use #krate::__private::{Checked as _, Unchecked as _};
+        let __idem_dispatch = &#krate::__private::Dispatch::<#ret>::new();
+    }
 }
 
 pub(crate) fn idempotent(plan: &Plan<'_>, func: &ItemFn, krate: &Path) -> TokenStream {
@@ -117,14 +154,15 @@ pub(crate) fn idempotent(plan: &Plan<'_>, func: &ItemFn, krate: &Path) -> TokenS
         }
         None => quote!(#krate::__private::None),
     };
-    let checks = type_checks(krate, plan.ok_type, plan.err_type);
+    let checks = type_checks(krate, func, plan.ok_type, plan.err_type);
+    let dispatch = dispatch(krate, func);
     let body = body_block(func);
     let call = match &plan.final_err {
         None => quote! {
-            #krate::__private::execute(&__IDEM_SPEC, __idem_store, __idem_key, __idem_fp, __idem_body)
+            __idem_dispatch.execute(&__IDEM_SPEC, __idem_store, __idem_key, __idem_fp, __idem_body)
         },
         Some(pred) => quote! {
-            #krate::__private::execute_keeping_final(
+            __idem_dispatch.execute_keeping_final(
                 &__IDEM_SPEC, __idem_store, __idem_key, __idem_fp, #pred, __idem_body,
             )
         },
@@ -141,6 +179,7 @@ pub(crate) fn idempotent(plan: &Plan<'_>, func: &ItemFn, krate: &Path) -> TokenS
                 wait: #wait,
             };
             #checks
+            #dispatch
             let __idem_key = {
                 let mut __idem_key = #krate::__private::key_builder(__IDEM_SPEC.scope);
                 #event
@@ -158,19 +197,22 @@ pub(crate) fn idempotent(plan: &Plan<'_>, func: &ItemFn, krate: &Path) -> TokenS
 pub(crate) fn step(
     name: &LitStr,
     ok: Option<&syn::Type>,
+    err: Option<&syn::Type>,
     func: &ItemFn,
     krate: &Path,
 ) -> TokenStream {
     let ItemFn {
         attrs, vis, sig, ..
     } = func;
-    let checks = type_checks(krate, ok, None);
+    let checks = type_checks(krate, func, ok, err);
+    let dispatch = dispatch(krate, func);
     let body = body_block(func);
     quote! {
         #(#attrs)*
         #vis #sig {
             #checks
-            #krate::__private::run_step(#name, #body).await
+            #dispatch
+            __idem_dispatch.run_step(#name, #body).await
         }
     }
 }

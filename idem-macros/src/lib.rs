@@ -52,9 +52,9 @@ pub fn step(attr: TokenStream, item: TokenStream) -> TokenStream {
     let mut errors = Errors::default();
     let mut args = args::parse_step(attr.into(), &mut errors);
     let krate = expand::runtime_path(args.krate.take());
-    let ok = check::step(&args, &func, &mut errors);
+    let (ok, err) = check::step(&args, &func, &mut errors);
     match args.name {
-        Some(name) if errors.is_empty() => expand::step(&name, ok, &func, &krate).into(),
+        Some(name) if errors.is_empty() => expand::step(&name, ok, err, &func, &krate).into(),
         _ => with_errors(item2, errors.into_compile_errors()),
     }
 }

@@ -43,6 +43,7 @@
 #![warn(missing_docs)]
 
 mod clock;
+mod dispatch;
 mod error;
 mod flow;
 mod global;
@@ -74,10 +75,9 @@ pub use store::{
 /// it changes without notice.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::dispatch::{Checked, Dispatch, Unchecked};
     pub use crate::key::{FingerprintBuilder, Key, KeyBuilder};
-    pub use crate::protocol::{
-        Cacheable, FromIdemError, Kind, Spec, execute, execute_keeping_final, run_step,
-    };
+    pub use crate::protocol::{Cacheable, FromIdemError, IdemResult, Kind, Spec};
     pub use crate::store::{AsStore, StoreRef};
     pub use core::option::Option::{None, Some};
     pub use core::time::Duration;
@@ -118,4 +118,9 @@ pub mod __private {
     /// Pins the error type's check to the user's `E`.
     #[inline]
     pub fn assert_error_type<E: FromIdemError>() {}
+
+    /// The check for a return type whose `T` and `E` are not written out
+    /// (an alias such as `io::Result<T>`).
+    #[inline]
+    pub fn assert_result<R: IdemResult>() {}
 }

@@ -108,6 +108,16 @@ impl<T: Serialize + DeserializeOwned> Cacheable for T {}
 pub trait FromIdemError: From<Error> {}
 impl<E: From<Error>> FromIdemError for E {}
 
+/// A return type the attributes accept: `Result<T, E>` with a cacheable `T`
+/// and an `E` that carries [`Error`].
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a result an idempotent call can return",
+    label = "must be `Result<T, E>` with `T: Serialize + DeserializeOwned` and `E: From<idem_runtime::Error>`",
+    note = "`Ok` is stored and replayed to duplicates; in-progress, key reuse and store failures reach the caller as `E`"
+)]
+pub trait IdemResult {}
+impl<T: Cacheable, E: FromIdemError> IdemResult for Result<T, E> {}
+
 /// How errors of the body are treated.
 trait ErrorPolicy<E> {
     /// `Some(encoded)` stores the error as a final outcome; `None` releases the claim.

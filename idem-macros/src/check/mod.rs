@@ -156,7 +156,10 @@ fn check_segment(
     }
 }
 
-pub(crate) fn step<'a>(args: &StepArgs, func: &'a ItemFn, errors: &mut Errors) -> Option<&'a Type> {
+/// The step's `T` and `E`, when written out.
+pub(crate) type StepTypes<'a> = (Option<&'a Type>, Option<&'a Type>);
+
+pub(crate) fn step<'a>(args: &StepArgs, func: &'a ItemFn, errors: &mut Errors) -> StepTypes<'a> {
     let result = signature::check(&func.sig, "step", errors);
     match &args.name {
         None => errors.at(
@@ -172,5 +175,8 @@ pub(crate) fn step<'a>(args: &StepArgs, func: &'a ItemFn, errors: &mut Errors) -
         }
         Some(_) => {}
     }
-    result.map(|r| r.ok)
+    match result {
+        Some(r) => (Some(r.ok), r.err),
+        None => (None, None),
+    }
 }
