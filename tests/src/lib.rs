@@ -1,1 +1,4 @@
+//! Shared test support for idem: the store conformance suite, which every
+//! backend runs unchanged.
 
+pub mod conformance;

@@ -1,1 +1,11 @@
-//! SQL stores.
+//! Stores on SQL databases through sqlx (runtime queries only: a library must
+//! not need a `DATABASE_URL` at build time).
+//!
+//! Each dialect claims with one upsert whose `WHERE` decides whether the
+//! existing row may be taken (`INSERT … ON CONFLICT … DO UPDATE … WHERE`), never
+//! by catching a unique violation.
+
+mod migrate;
+pub mod sqlite;
+
+pub use sqlite::{SqliteStore, SqliteStoreBuilder};

@@ -1,0 +1,22 @@
+//! Embedded schema migrations, recorded in a table of our own
+//! (`idem_schema_migrations`) so they never mix with the application's
+//! `_sqlx_migrations`.
+
+/// One embedded migration.
+pub(crate) struct Migration {
+    pub version: i64,
+    pub description: &'static str,
+    pub sql: &'static str,
+}
+
+pub(crate) const SQLITE: &[Migration] = &[Migration {
+    version: 1,
+    description: "create idem_records",
+    sql: include_str!("../../../migrations/sqlite/0001_create_records.sql"),
+}];
+
+pub(crate) const SQLITE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS idem_schema_migrations (
+    version     INTEGER NOT NULL PRIMARY KEY,
+    description TEXT    NOT NULL,
+    applied_at  INTEGER NOT NULL
+)";

@@ -1,0 +1,580 @@
+//! The store conformance suite: the [`Store`] contract, case by case.
+//!
+//! Every backend runs it unchanged through [`conformance_suite!`]: give it a
+//! module name and an async expression that builds a [`Subject`]. Keys are
+//! random per case, so backends on a shared server need no cleanup.
+//!
+//! Time is the subject's: a store on a [`ManualClock`] is moved forward
+//! instantly; a store that reads a server's clock is waited on in real time,
+//! with durations scaled by [`Subject::unit`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem_runtime::protocol::{Kind, Spec, execute};
+use idem_runtime::{
+    Claim, ClaimRequest, Completion, Error, Fingerprint, Key, ManualClock, Outcome, RecordState,
+    StoreRef, Token,
+};
+
+/// How a subject's clock moves.
+#[derive(Debug, Clone)]
+pub enum Time {
+    /// The store reads this clock: advancing it is instant.
+    Manual(ManualClock),
+    /// The store reads real (or server) time: advancing sleeps. `unit` is the
+    /// smallest lease the backend handles reliably.
+    Real {
+        /// The time unit the cases scale by.
+        unit: Duration,
+    },
+}
+
+/// A store under test and control of its time.
+#[derive(Debug, Clone)]
+pub struct Subject {
+    /// The store.
+    pub store: StoreRef,
+    /// Its clock.
+    pub time: Time,
+}
+
+impl Subject {
+    /// A subject whose store reads `clock`.
+    pub fn manual(store: StoreRef, clock: ManualClock) -> Self {
+        Subject {
+            store,
+            time: Time::Manual(clock),
+        }
+    }
+
+    /// The unit the cases scale leases and ttls by.
+    pub fn unit(&self) -> Duration {
+        match &self.time {
+            Time::Manual(_) => Duration::from_secs(1),
+            Time::Real { unit } => *unit,
+        }
+    }
+
+    /// Lets `units` units of the store's time pass.
+    pub async fn advance(&self, units: u32) {
+        let by = self.unit() * units;
+        match &self.time {
+            Time::Manual(clock) => clock.advance(by),
+            Time::Real { .. } => tokio::time::sleep(by).await,
+        }
+    }
+
+    fn lease(&self) -> Duration {
+        self.unit() * 3
+    }
+
+    fn ttl(&self) -> Duration {
+        self.unit() * 20
+    }
+
+    fn request<'a>(&self, key: &'a Key, token: Token, fp: Option<Fingerprint>) -> ClaimRequest<'a> {
+        ClaimRequest {
+            key,
+            token,
+            fingerprint: fp,
+            lease: self.lease(),
+            ttl: self.ttl(),
+        }
+    }
+}
+
+/// A key no other case or run shares.
+pub fn fresh_key(case: &str) -> Key {
+    Key::builder("idem-conformance")
+        .part(case)
+        .part(&rand_u64())
+        .finish()
+}
+
+fn rand_u64() -> u64 {
+    // Tokens are random; borrowing one avoids a direct dependency on `rand` here.
+    let t = Token::random().0;
+    u64::from_le_bytes(t[..8].try_into().expect("16-byte token"))
+}
+
+fn fingerprint(s: &str) -> Fingerprint {
+    Fingerprint::builder().part(s).finish()
+}
+
+fn success(payload: &[u8], ttl: Duration) -> Completion<'_> {
+    Completion {
+        outcome: Outcome::Success,
+        payload,
+        ttl,
+    }
+}
+
+async fn acquire(s: &Subject, key: &Key, token: Token) -> u64 {
+    match s
+        .store
+        .claim(s.request(key, token, None))
+        .await
+        .expect("claim")
+    {
+        Claim::Acquired { fence, .. } => fence,
+        other => panic!("expected to acquire, got {other:?}"),
+    }
+}
+
+/// An absent key is acquired, not as a takeover, and shows as PROCESSING.
+pub async fn absent_key_is_acquired(s: Subject) {
+    let key = fresh_key("absent");
+    let claim = s
+        .store
+        .claim(s.request(&key, Token::random(), None))
+        .await
+        .unwrap();
+    let Claim::Acquired { fence, takeover } = claim else {
+        panic!("expected Acquired, got {claim:?}");
+    };
+    assert!(fence >= 1);
+    assert!(!takeover, "a first claim is not a takeover");
+    let info = s.store.inspect(&key).await.unwrap().expect("record exists");
+    assert_eq!(info.state, RecordState::Processing);
+    assert_eq!(info.fence, fence);
+    assert!(info.result.is_none());
+}
+
+/// A live claim makes other claimants busy, with the lease left and the
+/// owner's fingerprint.
+pub async fn live_claim_is_busy(s: Subject) {
+    let key = fresh_key("busy");
+    let fp = fingerprint("payload-a");
+    let first = s
+        .store
+        .claim(s.request(&key, Token::random(), Some(fp)))
+        .await
+        .unwrap();
+    assert!(matches!(first, Claim::Acquired { .. }));
+    let second = s
+        .store
+        .claim(s.request(&key, Token::random(), None))
+        .await
+        .unwrap();
+    let Claim::Busy {
+        lease_remaining,
+        fingerprint: theirs,
+    } = second
+    else {
+        panic!("expected Busy, got {second:?}");
+    };
+    assert!(lease_remaining > Duration::ZERO && lease_remaining <= s.lease());
+    assert_eq!(theirs, Some(fp));
+}
+
+/// A claim re-sent under the same token (a client retrying after an I/O
+/// error) gets its own claim back instead of being told it is busy.
+pub async fn same_token_reclaims(s: Subject) {
+    let key = fresh_key("same-token");
+    let token = Token::random();
+    let fence = acquire(&s, &key, token).await;
+    let again = acquire(&s, &key, token).await;
+    assert_eq!(again, fence, "a retried claim is the same claim");
+}
+
+/// Completion stores the result; later claims replay it, fingerprint included.
+pub async fn completed_record_replays(s: Subject) {
+    let key = fresh_key("replay");
+    let token = Token::random();
+    let fp = fingerprint("payload");
+    let claim = s
+        .store
+        .claim(s.request(&key, token, Some(fp)))
+        .await
+        .unwrap();
+    assert!(matches!(claim, Claim::Acquired { .. }));
+    assert!(
+        s.store
+            .complete(&key, token, success(b"{\"id\":7}", s.ttl()))
+            .await
+            .unwrap()
+    );
+    for _ in 0..2 {
+        let claim = s
+            .store
+            .claim(s.request(&key, Token::random(), Some(fp)))
+            .await
+            .unwrap();
+        let Claim::Done(stored) = claim else {
+            panic!("expected Done, got {claim:?}");
+        };
+        assert_eq!(stored.outcome, Outcome::Success);
+        assert_eq!(stored.payload, b"{\"id\":7}");
+        assert_eq!(stored.fingerprint, Some(fp));
+    }
+    let info = s.store.inspect(&key).await.unwrap().expect("record exists");
+    assert_eq!(info.state, RecordState::Done);
+}
+
+/// Final errors and unstored markers keep their outcome; payloads are bytes,
+/// kept exactly (empty, binary, at the size cap).
+pub async fn outcomes_and_payloads_round_trip(s: Subject) {
+    let cap = s.store.max_result_bytes();
+    let big: Vec<u8> = (0..cap).map(|i| (i % 251) as u8).collect();
+    let cases: [(Outcome, Vec<u8>); 4] = [
+        (Outcome::FinalError, b"\"declined\"".to_vec()),
+        (Outcome::Unstored, b"{}".to_vec()),
+        (Outcome::Success, Vec::new()),
+        (Outcome::Success, big),
+    ];
+    for (outcome, payload) in cases {
+        let key = fresh_key("outcomes");
+        let token = Token::random();
+        acquire(&s, &key, token).await;
+        let completion = Completion {
+            outcome,
+            payload: &payload,
+            ttl: s.ttl(),
+        };
+        assert!(s.store.complete(&key, token, completion).await.unwrap());
+        let claim = s
+            .store
+            .claim(s.request(&key, Token::random(), None))
+            .await
+            .unwrap();
+        let Claim::Done(stored) = claim else {
+            panic!("expected Done, got {claim:?}");
+        };
+        assert_eq!(stored.outcome, outcome);
+        assert_eq!(
+            stored.payload,
+            payload,
+            "payload of {} bytes",
+            payload.len()
+        );
+    }
+}
+
+/// Release frees the key at once; the fence keeps growing.
+pub async fn release_frees_the_key(s: Subject) {
+    let key = fresh_key("release");
+    let token = Token::random();
+    let first = acquire(&s, &key, token).await;
+    assert!(s.store.release(&key, token).await.unwrap());
+    assert!(
+        s.store.inspect(&key).await.unwrap().is_none(),
+        "a released record is not live"
+    );
+    let second = acquire(&s, &key, Token::random()).await;
+    assert!(second > first, "fence went from {first} to {second}");
+}
+
+/// A claim whose lease ran out is taken over with a higher fence; the stale
+/// owner can then neither complete, release nor renew.
+pub async fn expired_lease_is_taken_over_and_fenced(s: Subject) {
+    let key = fresh_key("takeover");
+    let stale = Token::random();
+    let first = acquire(&s, &key, stale).await;
+    s.advance(4).await; // past the 3-unit lease
+    let fresh = Token::random();
+    let claim = s.store.claim(s.request(&key, fresh, None)).await.unwrap();
+    let Claim::Acquired { fence, takeover } = claim else {
+        panic!("expected a takeover, got {claim:?}");
+    };
+    assert!(takeover, "the claim took over a PROCESSING record");
+    assert!(fence > first);
+
+    assert!(
+        !s.store
+            .complete(&key, stale, success(b"stale", s.ttl()))
+            .await
+            .unwrap()
+    );
+    assert!(!s.store.release(&key, stale).await.unwrap());
+    assert!(!s.store.renew(&key, stale, s.lease()).await.unwrap());
+    let info = s.store.inspect(&key).await.unwrap().expect("record exists");
+    assert_eq!(
+        info.state,
+        RecordState::Processing,
+        "the stale owner changed nothing"
+    );
+
+    assert!(
+        s.store
+            .complete(&key, fresh, success(b"fresh", s.ttl()))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.store
+            .complete(&key, stale, success(b"stale", s.ttl()))
+            .await
+            .unwrap()
+    );
+    let Claim::Done(stored) = s
+        .store
+        .claim(s.request(&key, Token::random(), None))
+        .await
+        .unwrap()
+    else {
+        panic!("expected Done");
+    };
+    assert_eq!(stored.payload, b"fresh");
+}
+
+/// Renewing keeps a live owner's claim from being taken over.
+pub async fn renewal_extends_the_lease(s: Subject) {
+    let key = fresh_key("renew");
+    let token = Token::random();
+    acquire(&s, &key, token).await;
+    s.advance(2).await;
+    assert!(s.store.renew(&key, token, s.lease()).await.unwrap());
+    s.advance(2).await; // 4 units since the claim, 2 since the renewal
+    let claim = s
+        .store
+        .claim(s.request(&key, Token::random(), None))
+        .await
+        .unwrap();
+    assert!(
+        matches!(claim, Claim::Busy { .. }),
+        "renewed claim was taken: {claim:?}"
+    );
+}
+
+/// A completed or released record cannot be completed, released or renewed
+/// again by its old owner.
+pub async fn finished_records_have_no_owner(s: Subject) {
+    let key = fresh_key("no-owner");
+    let token = Token::random();
+    acquire(&s, &key, token).await;
+    assert!(
+        s.store
+            .complete(&key, token, success(b"1", s.ttl()))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.store
+            .complete(&key, token, success(b"2", s.ttl()))
+            .await
+            .unwrap()
+    );
+    assert!(!s.store.release(&key, token).await.unwrap());
+    assert!(!s.store.renew(&key, token, s.lease()).await.unwrap());
+    let Claim::Done(stored) = s
+        .store
+        .claim(s.request(&key, Token::random(), None))
+        .await
+        .unwrap()
+    else {
+        panic!("expected Done");
+    };
+    assert_eq!(stored.payload, b"1");
+}
+
+/// A DONE record lives for its ttl, counted from completion, and then the key
+/// is free again.
+pub async fn done_record_expires_after_ttl(s: Subject) {
+    let key = fresh_key("expiry");
+    let token = Token::random();
+    acquire(&s, &key, token).await;
+    let ttl = s.unit() * 6;
+    assert!(
+        s.store
+            .complete(&key, token, success(b"x", ttl))
+            .await
+            .unwrap()
+    );
+    s.advance(4).await;
+    assert!(matches!(
+        s.store
+            .claim(s.request(&key, Token::random(), None))
+            .await
+            .unwrap(),
+        Claim::Done(_)
+    ));
+    s.advance(3).await;
+    assert!(
+        s.store.inspect(&key).await.unwrap().is_none(),
+        "expired record is not live"
+    );
+    let claim = s
+        .store
+        .claim(s.request(&key, Token::random(), None))
+        .await
+        .unwrap();
+    let Claim::Acquired { takeover, .. } = claim else {
+        panic!("expected a fresh claim, got {claim:?}");
+    };
+    assert!(!takeover, "an expired DONE record is not a takeover");
+}
+
+/// Evict removes a record whatever its state; inspect of an unknown key is None.
+pub async fn evict_removes_a_record(s: Subject) {
+    let key = fresh_key("evict");
+    assert!(s.store.inspect(&key).await.unwrap().is_none());
+    assert!(!s.store.evict(&key).await.unwrap());
+    let token = Token::random();
+    acquire(&s, &key, token).await;
+    assert!(
+        s.store
+            .complete(&key, token, success(b"x", s.ttl()))
+            .await
+            .unwrap()
+    );
+    assert!(s.store.evict(&key).await.unwrap());
+    assert!(s.store.inspect(&key).await.unwrap().is_none());
+    acquire(&s, &key, Token::random()).await;
+}
+
+/// Purging deletes expired and released records and keeps live ones.
+pub async fn purge_removes_only_dead_records(s: Subject) {
+    let live = fresh_key("purge-live");
+    let dead = fresh_key("purge-dead");
+    let released = fresh_key("purge-released");
+    let (t1, t2, t3) = (Token::random(), Token::random(), Token::random());
+    acquire(&s, &dead, t1).await;
+    assert!(
+        s.store
+            .complete(&dead, t1, success(b"d", s.unit()))
+            .await
+            .unwrap()
+    );
+    acquire(&s, &released, t3).await;
+    assert!(s.store.release(&released, t3).await.unwrap());
+    s.advance(2).await;
+    acquire(&s, &live, t2).await;
+    assert!(
+        s.store
+            .complete(&live, t2, success(b"l", s.ttl()))
+            .await
+            .unwrap()
+    );
+    let mut purged = 0;
+    loop {
+        let n = s.store.purge_expired(1000).await.unwrap();
+        purged += n;
+        if n == 0 {
+            break;
+        }
+    }
+    assert!(purged >= 2, "purged {purged}");
+    assert!(
+        s.store.inspect(&live).await.unwrap().is_some(),
+        "a live record was purged"
+    );
+    assert!(
+        !s.store.evict(&dead).await.unwrap(),
+        "the expired record is gone"
+    );
+    assert!(
+        !s.store.evict(&released).await.unwrap(),
+        "the released record is gone"
+    );
+}
+
+/// 256 concurrent calls with one key through the protocol: the body runs
+/// exactly once; every caller gets its result or `InProgress`, nothing else.
+pub async fn storm_runs_the_body_once(s: Subject) {
+    storm(s, None).await;
+}
+
+/// The same storm with `wait`: every caller gets the one result.
+pub async fn storm_with_wait_replays_to_all(s: Subject) {
+    storm(s, Some(Duration::from_secs(30))).await;
+}
+
+async fn storm(s: Subject, wait: Option<Duration>) {
+    const CALLERS: usize = 256;
+    let scope: &'static str = "idem-conformance::storm";
+    let spec = Spec {
+        scope,
+        kind: Kind::Call,
+        ttl: Duration::from_secs(3600),
+        // Long enough that no caller ever sees the lease run out mid-storm.
+        lease: Duration::from_secs(60),
+        wait,
+    };
+    let key = fresh_key("storm");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(tokio::sync::Barrier::new(CALLERS));
+    let mut tasks = Vec::with_capacity(CALLERS);
+    for _ in 0..CALLERS {
+        let (store, runs, gate) = (s.store.clone(), runs.clone(), gate.clone());
+        tasks.push(tokio::spawn(async move {
+            gate.wait().await;
+            execute::<u64, Error, _>(&spec, Some(store), key, None, async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Ok(4242)
+            })
+            .await
+        }));
+    }
+    let (mut ok, mut in_progress) = (0, 0);
+    for t in tasks {
+        match t.await.expect("caller panicked") {
+            Ok(v) => {
+                assert_eq!(v, 4242);
+                ok += 1;
+            }
+            Err(Error::InProgress { .. }) if wait.is_none() => in_progress += 1,
+            Err(e) => panic!("unexpected error in the storm: {e}"),
+        }
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the body ran more than once"
+    );
+    assert_eq!(ok + in_progress, CALLERS);
+    assert!(ok >= 1);
+    if wait.is_some() {
+        assert_eq!(ok, CALLERS, "with wait every caller gets the result");
+    }
+    // Afterwards everyone replays.
+    let again: Result<u64, Error> =
+        execute(&spec, Some(s.store.clone()), key, None, async { Ok(0) }).await;
+    assert_eq!(again.unwrap(), 4242);
+}
+
+/// Generates one `#[tokio::test]` per conformance case for a backend.
+///
+/// ```ignore
+/// idem_tests::conformance_suite!(memory, async {
+///     let clock = ManualClock::default();
+///     Subject::manual(StoreRef::new(MemoryStore::builder().clock(clock.clone()).build()), clock)
+/// });
+/// ```
+#[macro_export]
+macro_rules! conformance_suite {
+    ($name:ident, $subject:expr) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            $crate::conformance_suite!(@cases $subject;
+                absent_key_is_acquired,
+                live_claim_is_busy,
+                same_token_reclaims,
+                completed_record_replays,
+                outcomes_and_payloads_round_trip,
+                release_frees_the_key,
+                expired_lease_is_taken_over_and_fenced,
+                renewal_extends_the_lease,
+                finished_records_have_no_owner,
+                done_record_expires_after_ttl,
+                evict_removes_a_record,
+                purge_removes_only_dead_records,
+                storm_runs_the_body_once,
+                storm_with_wait_replays_to_all,
+            );
+        }
+    };
+    (@cases $subject:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                let subject: $crate::conformance::Subject = $subject.await;
+                $crate::conformance::$case(subject).await;
+            }
+        )*
+    };
+}
