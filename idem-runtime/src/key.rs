@@ -466,6 +466,137 @@ impl FingerprintBuilder {
 mod tests {
     use super::*;
 
+    use proptest::prelude::*;
+
+    /// One key part of any supported shape.
+    #[derive(Debug, Clone)]
+    enum Part {
+        U(u64),
+        I(i64),
+        B(bool),
+        C(char),
+        S(String),
+        O(Option<String>),
+        V(Vec<u32>),
+    }
+
+    /// What a part means, after the deliberate normalisation (every
+    /// non-negative integer is one integer, whatever its type).
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    enum Decoded {
+        UInt(u128),
+        NegInt(i128),
+        Bool(bool),
+        Char(char),
+        Str(String),
+        None,
+        Some(Box<Decoded>),
+        Seq(Vec<Decoded>),
+    }
+
+    fn normalise(p: &Part) -> Decoded {
+        match p {
+            Part::U(v) => Decoded::UInt(u128::from(*v)),
+            Part::I(v) if *v >= 0 => Decoded::UInt(*v as u128),
+            Part::I(v) => Decoded::NegInt(i128::from(*v)),
+            Part::B(v) => Decoded::Bool(*v),
+            Part::C(v) => Decoded::Char(*v),
+            Part::S(v) => Decoded::Str(v.clone()),
+            Part::O(None) => Decoded::None,
+            Part::O(Some(v)) => Decoded::Some(Box::new(Decoded::Str(v.clone()))),
+            Part::V(v) => Decoded::Seq(v.iter().map(|x| Decoded::UInt(u128::from(*x))).collect()),
+        }
+    }
+
+    fn encode(parts: &[Part]) -> Vec<u8> {
+        let mut b = Key::builder("scope");
+        for p in parts {
+            match p {
+                Part::U(v) => b.push(v),
+                Part::I(v) => b.push(v),
+                Part::B(v) => b.push(v),
+                Part::C(v) => b.push(v),
+                Part::S(v) => b.push(v),
+                Part::O(v) => b.push(v),
+                Part::V(v) => b.push(v),
+            }
+        }
+        b.encoding().to_vec()
+    }
+
+    /// A decoder for the encoding: if it recovers every part list exactly,
+    /// no two different lists can share an encoding.
+    fn decode(mut buf: &[u8]) -> Vec<Decoded> {
+        fn take<'a>(buf: &mut &'a [u8], n: usize) -> &'a [u8] {
+            let (head, tail) = buf.split_at(n);
+            *buf = tail;
+            head
+        }
+        fn len(buf: &mut &[u8]) -> usize {
+            u64::from_be_bytes(take(buf, 8).try_into().unwrap()) as usize
+        }
+        fn one(buf: &mut &[u8]) -> Decoded {
+            match take(buf, 1)[0] {
+                tag::UINT => Decoded::UInt(u128::from_be_bytes(take(buf, 16).try_into().unwrap())),
+                tag::NEG_INT => Decoded::NegInt(i128::from_be_bytes(take(buf, 16).try_into().unwrap())),
+                tag::BOOL => Decoded::Bool(take(buf, 1)[0] == 1),
+                tag::CHAR => Decoded::Char(
+                    char::from_u32(u32::from_be_bytes(take(buf, 4).try_into().unwrap())).unwrap(),
+                ),
+                tag::STR => {
+                    let n = len(buf);
+                    Decoded::Str(String::from_utf8(take(buf, n).to_vec()).unwrap())
+                }
+                tag::NONE => Decoded::None,
+                tag::SOME => Decoded::Some(Box::new(one(buf))),
+                tag::SEQ => {
+                    let n = len(buf);
+                    Decoded::Seq((0..n).map(|_| one(buf)).collect())
+                }
+                t => panic!("unknown tag {t}"),
+            }
+        }
+        assert_eq!(take(&mut buf, 1)[0], ENCODING_VERSION);
+        assert_eq!(take(&mut buf, 1)[0], tag::SCOPE);
+        let n = len(&mut buf);
+        assert_eq!(take(&mut buf, n), b"scope");
+        let mut out = Vec::new();
+        while !buf.is_empty() {
+            out.push(one(&mut buf));
+        }
+        out
+    }
+
+    fn part() -> impl Strategy<Value = Part> {
+        prop_oneof![
+            any::<u64>().prop_map(Part::U),
+            any::<i64>().prop_map(Part::I),
+            any::<bool>().prop_map(Part::B),
+            any::<char>().prop_map(Part::C),
+            // Separators and prefixes of each other are the interesting strings.
+            "[a|b:,]{0,6}".prop_map(Part::S),
+            proptest::option::of("[a|b]{0,4}").prop_map(Part::O),
+            proptest::collection::vec(0u32..4, 0..4).prop_map(Part::V),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn encoding_decodes_to_exactly_the_parts(parts in proptest::collection::vec(part(), 0..6)) {
+            let expected: Vec<Decoded> = parts.iter().map(normalise).collect();
+            prop_assert_eq!(decode(&encode(&parts)), expected);
+        }
+
+        #[test]
+        fn distinct_part_lists_never_share_a_key(
+            a in proptest::collection::vec(part(), 0..5),
+            b in proptest::collection::vec(part(), 0..5),
+        ) {
+            let same_meaning = a.iter().map(normalise).eq(b.iter().map(normalise));
+            prop_assert_eq!(encode(&a) == encode(&b), same_meaning);
+        }
+    }
+
     #[test]
     fn joined_strings_do_not_collide() {
         let a = Key::builder("s").part("a|b").part("c").finish();
