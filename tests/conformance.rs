@@ -45,3 +45,66 @@ fn rand_suffix() -> u32 {
 idem_tests::conformance_suite!(memory_store, memory());
 idem_tests::conformance_suite!(sqlite_memory_store, sqlite_in_memory());
 idem_tests::conformance_suite!(sqlite_file_store, sqlite_file());
+
+/// Two pools on one file behave like two processes: migrations run twice
+/// without harm, and a storm split across both still runs the body once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_file_shared_by_two_pools() {
+    use idem_runtime::Error;
+    use idem_runtime::protocol::{Kind, Spec, execute};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    let path = std::env::temp_dir().join(format!(
+        "idem-two-pools-{}-{}.db",
+        std::process::id(),
+        rand_suffix()
+    ));
+    let a = StoreRef::new(SqliteStore::open(&path).await.expect("first pool"));
+    let b = StoreRef::new(
+        SqliteStore::open(&path)
+            .await
+            .expect("second pool, migrated again"),
+    );
+
+    const SPEC: Spec = Spec::new("idem-conformance::two-pools", Kind::Call);
+    let key = idem_tests::conformance::fresh_key("two-pools");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..64 {
+        let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let runs = runs.clone();
+        tasks.push(tokio::spawn(async move {
+            execute::<u32, Error, _>(&SPEC, Some(store), key, None, async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                Ok(7)
+            })
+            .await
+        }));
+    }
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(v) => assert_eq!(v, 7),
+            Err(Error::InProgress { .. }) => {}
+            Err(e) => panic!("a writer failed instead of waiting: {e}"),
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let _ = std::fs::remove_file(&path);
+}
+
+/// A database that cannot be opened is a store error naming the backend and
+/// the file, before any call runs.
+#[tokio::test]
+async fn sqlite_unopenable_file_is_a_store_error() {
+    let err = SqliteStore::open("/nonexistent-dir/idem.db")
+        .await
+        .unwrap_err();
+    assert_eq!(err.backend(), "sqlite");
+    assert!(
+        err.to_string().contains("/nonexistent-dir/idem.db"),
+        "{err}"
+    );
+}
