@@ -1,1 +1,294 @@
-fn main() {}
+//! The reference story, end to end, on the embedded default (SQLite, one file):
+//! a double click, a replay five minutes later, a retry after a flaky downstream
+//! and a genuinely new order. Every scenario is checked against the tables; any
+//! difference makes the program exit with status 1.
+//!
+//! Run: `cargo run --example orders`
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use idem_runtime::store::sql::SqliteStore;
+use idem_runtime::{ManualClock, idempotent, step};
+use serde::{Deserialize, Serialize};
+use sqlx::SqlitePool;
+
+const SKU: &str = "SKU-42";
+
+// The business tables live beside idem's records. Their UNIQUE constraints are
+// the backstop (唯一索引兜底): even if a duplicate slipped past idem, the database
+// would refuse a second order or a second stock movement for the same intent.
+const SCHEMA: &str = "
+CREATE TABLE orders (
+    id INTEGER PRIMARY KEY, user_id INTEGER NOT NULL, client_order_no TEXT NOT NULL,
+    sku TEXT NOT NULL, qty INTEGER NOT NULL,
+    UNIQUE (user_id, client_order_no));
+CREATE TABLE stock (sku TEXT PRIMARY KEY, qty INTEGER NOT NULL CHECK (qty >= 0));
+CREATE TABLE stock_ledger (
+    id INTEGER PRIMARY KEY, user_id INTEGER NOT NULL, client_order_no TEXT NOT NULL,
+    sku TEXT NOT NULL, delta INTEGER NOT NULL,
+    UNIQUE (user_id, client_order_no, sku));
+INSERT INTO stock (sku, qty) VALUES ('SKU-42', 10);";
+
+#[derive(Debug, Clone)]
+struct CreateOrder {
+    user_id: i64,
+    sku: String,
+    qty: i64,
+    client_order_no: String, // the client's stable anchor: the same on every retry
+}
+
+/// What the caller gets, and what idem stores and replays to duplicates.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Order {
+    id: i64,
+    coupon: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum AppError {
+    #[error(transparent)]
+    Idem(#[from] idem_runtime::Error),
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("not enough stock for {0}")]
+    OutOfStock(String),
+    #[error("the coupon service is down")]
+    CouponServiceDown,
+}
+
+struct OrderService {
+    store: SqliteStore,
+    coupon_down: AtomicBool,   // set: the next coupon call fails
+    coupons_issued: AtomicU32, // what the (pretend) coupon provider handed out
+}
+
+impl OrderService {
+    fn db(&self) -> &SqlitePool {
+        self.store.pool()
+    }
+
+    // The key is the business intent, never a timestamp or a request id. `wait`
+    // makes a concurrent duplicate wait for the first call and get its result.
+    #[idempotent(key = "req.user_id|req.sku|req.client_order_no", ttl = "24h", wait = "5s", store = self.store.clone())]
+    async fn create_order(&self, req: CreateOrder) -> Result<Order, AppError> {
+        self.deduct_stock(&req).await?;
+        let id = self.insert_order(&req).await?;
+        let coupon = self.issue_coupon(id).await?;
+        Ok(Order { id, coupon })
+    }
+
+    // Conditional update (no overselling) and its ledger row in one transaction:
+    // both happen or neither does. Returns the ledger row's id.
+    #[step("deduct_stock")]
+    async fn deduct_stock(&self, req: &CreateOrder) -> Result<i64, AppError> {
+        let mut tx = self.db().begin().await?;
+        let updated = sqlx::query("UPDATE stock SET qty = qty - ?1 WHERE sku = ?2 AND qty >= ?1")
+            .bind(req.qty)
+            .bind(&req.sku)
+            .execute(&mut *tx)
+            .await?;
+        if updated.rows_affected() == 0 {
+            return Err(AppError::OutOfStock(req.sku.clone()));
+        }
+        let ledger_id = sqlx::query_scalar(
+            "INSERT INTO stock_ledger (user_id, client_order_no, sku, delta) VALUES (?1, ?2, ?3, ?4) RETURNING id",
+        )
+        .bind(req.user_id)
+        .bind(&req.client_order_no)
+        .bind(&req.sku)
+        .bind(-req.qty)
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(ledger_id)
+    }
+
+    #[step("insert_order")]
+    async fn insert_order(&self, req: &CreateOrder) -> Result<i64, AppError> {
+        let id = sqlx::query_scalar(
+            "INSERT INTO orders (user_id, client_order_no, sku, qty) VALUES (?1, ?2, ?3, ?4) RETURNING id",
+        )
+        .bind(req.user_id)
+        .bind(&req.client_order_no)
+        .bind(&req.sku)
+        .bind(req.qty)
+        .fetch_one(self.db())
+        .await?;
+        Ok(id)
+    }
+
+    // An external call: no transaction can cover it, so the step record is what
+    // keeps a retry from issuing a second coupon. (A real provider would also get
+    // `idem_runtime::current_key()` as its Idempotency-Key.)
+    #[step("issue_coupon")]
+    async fn issue_coupon(&self, order_id: i64) -> Result<String, AppError> {
+        if self.coupon_down.swap(false, Ordering::SeqCst) {
+            return Err(AppError::CouponServiceDown);
+        }
+        self.coupons_issued.fetch_add(1, Ordering::SeqCst);
+        Ok(format!("CPN-{order_id}"))
+    }
+}
+
+/// Prints each check and remembers the ones that failed.
+#[derive(Default)]
+struct Report {
+    scenario: String,
+    checks: usize,
+    failed: Vec<String>,
+}
+
+impl Report {
+    fn scenario(&mut self, title: &str) {
+        println!("\n{title}");
+        self.scenario = title.split(':').next().unwrap_or(title).to_owned();
+    }
+
+    fn check(&mut self, what: &str, ok: bool) {
+        self.checks += 1;
+        println!("  [{}] {what}", if ok { "ok " } else { "BAD" });
+        if !ok {
+            self.failed.push(format!("{}: {what}", self.scenario));
+        }
+    }
+
+    /// Counts orders, stock movements, stock left and coupons issued, and
+    /// compares them with what one execution per intent leaves behind.
+    async fn tables(&mut self, svc: &OrderService, want: [i64; 4]) {
+        let count = |sql| async move {
+            let n = sqlx::query_scalar(sql).fetch_one(svc.db()).await;
+            n.unwrap_or(-1)
+        };
+        let got = [
+            count("SELECT COUNT(*) FROM orders").await,
+            count("SELECT COUNT(*) FROM stock_ledger").await,
+            count("SELECT qty FROM stock WHERE sku = 'SKU-42'").await,
+            i64::from(svc.coupons_issued.load(Ordering::SeqCst)),
+        ];
+        let [o, m, s, c] = got;
+        let mut line = format!("orders {o}, stock movements {m}, stock left {s}, coupons {c}");
+        if got != want {
+            line += &format!(" -- expected {want:?}");
+        }
+        self.check(&line, got == want);
+    }
+}
+
+fn request(client_order_no: &str) -> CreateOrder {
+    CreateOrder {
+        user_id: 7,
+        sku: SKU.into(),
+        qty: 2,
+        client_order_no: client_order_no.into(),
+    }
+}
+
+fn show(who: &str, r: &Result<Order, AppError>) {
+    match r {
+        Ok(o) => println!("  {who}: order #{} with coupon {}", o.id, o.coupon),
+        Err(e) => println!("  {who}: error: {e}"),
+    }
+}
+
+async fn scenarios(svc: &OrderService, clock: &ManualClock, report: &mut Report) {
+    report.scenario("1. Double click: the same request twice, at the same time");
+    let (a, b) = tokio::join!(
+        svc.create_order(request("c-1001")),
+        svc.create_order(request("c-1001"))
+    );
+    show("caller A", &a);
+    show("caller B", &b);
+    println!("  (wait = \"5s\": the duplicate waits for the first call and gets its order)");
+    let first = a.as_ref().ok().or(b.as_ref().ok()).cloned();
+    let same = matches!((&a, &b), (Ok(x), Ok(y)) if x == y);
+    report.check("both callers got the same order", same);
+    report.tables(svc, [1, 1, 8, 1]).await; // orders, movements, stock left, coupons
+
+    report.scenario("2. Replay: the same request again, five minutes later");
+    clock.advance(Duration::from_secs(5 * 60));
+    println!("  (the store's ManualClock moved 5 minutes forward; nobody slept)");
+    let again = svc.create_order(request("c-1001")).await;
+    show("caller", &again);
+    report.check(
+        "the first order was replayed",
+        again.is_ok() && again.ok() == first,
+    );
+    report.tables(svc, [1, 1, 8, 1]).await;
+
+    report.scenario("3. Retry after a failure: the coupon service is down for the first call");
+    svc.coupon_down.store(true, Ordering::SeqCst);
+    let failed = svc.create_order(request("c-1002")).await;
+    show("first call", &failed);
+    let coupon_failed = matches!(failed, Err(AppError::CouponServiceDown));
+    report.check("the call failed on the coupon", coupon_failed);
+    println!("  stock deducted and order inserted stay; the coupon is still owed:");
+    report.tables(svc, [2, 2, 6, 1]).await;
+    let retry = svc.create_order(request("c-1002")).await;
+    show("retry", &retry);
+    println!("  (deduct_stock and insert_order replayed their saved outputs; issue_coupon ran)");
+    report.check("the retry succeeded", retry.is_ok());
+    report.tables(svc, [2, 2, 6, 2]).await;
+
+    report.scenario("4. A genuinely new order: another client_order_no");
+    let new = svc.create_order(request("c-1003")).await;
+    show("caller", &new);
+    report.check("a new order was created", new.is_ok());
+    report.tables(svc, [3, 3, 4, 3]).await;
+
+    report.scenario("5. The backstop: insert order c-1001 again, bypassing idem");
+    let bypass = svc.insert_order(&request("c-1001")).await;
+    let refused =
+        matches!(&bypass, Err(AppError::Db(sqlx::Error::Database(e))) if e.is_unique_violation());
+    report.check("refused by UNIQUE (user_id, client_order_no)", refused);
+    report.tables(svc, [3, 3, 4, 3]).await;
+}
+
+fn remove_db(path: &Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let mut file = path.as_os_str().to_owned();
+        file.push(suffix);
+        let _ = std::fs::remove_file(file);
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<ExitCode, Box<dyn std::error::Error>> {
+    // A fresh file per run (the pid keeps parallel runs apart), removed at the end.
+    let path = std::env::temp_dir().join(format!("idem-orders-{}.db", std::process::id()));
+    remove_db(&path);
+    // The store's clock drives leases and expiry; a ManualClock lets us jump ahead.
+    let clock = ManualClock::default();
+    let store = SqliteStore::builder()
+        .clock(clock.clone())
+        .open(&path)
+        .await?;
+    println!(
+        "SQLite file: {} (idem records beside the business tables)",
+        path.display()
+    );
+    sqlx::raw_sql(SCHEMA).execute(store.pool()).await?;
+    println!("stock: {SKU} = 10; every order takes 2");
+
+    let svc = OrderService {
+        store,
+        coupon_down: AtomicBool::new(false),
+        coupons_issued: AtomicU32::new(0),
+    };
+    let mut report = Report::default();
+    scenarios(&svc, &clock, &mut report).await;
+    svc.store.pool().close().await;
+    remove_db(&path);
+
+    let (n, failed) = (report.checks, &report.failed);
+    if failed.is_empty() {
+        println!("\nsummary: all {n} checks passed: one order, one stock movement per intent");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("\nsummary: {} of {n} checks FAILED:", failed.len());
+        failed.iter().for_each(|f| println!("  - {f}"));
+        Ok(ExitCode::FAILURE)
+    }
+}
