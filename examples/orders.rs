@@ -80,28 +80,43 @@ impl OrderService {
         Ok(Order { id, coupon })
     }
 
-    // Conditional update (no overselling) and its ledger row in one transaction:
-    // both happen or neither does. Returns the ledger row's id.
+    // 唯一流水 + 条件更新: the ledger row is written first, under its UNIQUE key, and
+    // stock moves only if that row is new; both commit together. If a crash lands
+    // between this commit and idem marking the step done, the retry finds the row
+    // and returns it (冲突即成功) instead of deducting again or failing forever.
     #[step("deduct_stock")]
     async fn deduct_stock(&self, req: &CreateOrder) -> Result<i64, AppError> {
         let mut tx = self.db().begin().await?;
+        let inserted: Option<i64> = sqlx::query_scalar(
+            "INSERT INTO stock_ledger (user_id, client_order_no, sku, delta) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (user_id, client_order_no, sku) DO NOTHING RETURNING id",
+        )
+        .bind(req.user_id)
+        .bind(&req.client_order_no)
+        .bind(&req.sku)
+        .bind(-req.qty)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(ledger_id) = inserted else {
+            let existing = sqlx::query_scalar(
+                "SELECT id FROM stock_ledger WHERE user_id = ?1 AND client_order_no = ?2 AND sku = ?3",
+            )
+            .bind(req.user_id)
+            .bind(&req.client_order_no)
+            .bind(&req.sku)
+            .fetch_one(&mut *tx)
+            .await?;
+            return Ok(existing);
+        };
         let updated = sqlx::query("UPDATE stock SET qty = qty - ?1 WHERE sku = ?2 AND qty >= ?1")
             .bind(req.qty)
             .bind(&req.sku)
             .execute(&mut *tx)
             .await?;
         if updated.rows_affected() == 0 {
+            // Dropping `tx` rolls the ledger row back with it.
             return Err(AppError::OutOfStock(req.sku.clone()));
         }
-        let ledger_id = sqlx::query_scalar(
-            "INSERT INTO stock_ledger (user_id, client_order_no, sku, delta) VALUES (?1, ?2, ?3, ?4) RETURNING id",
-        )
-        .bind(req.user_id)
-        .bind(&req.client_order_no)
-        .bind(&req.sku)
-        .bind(-req.qty)
-        .fetch_one(&mut *tx)
-        .await?;
         tx.commit().await?;
         Ok(ledger_id)
     }
@@ -244,6 +259,20 @@ async fn scenarios(svc: &OrderService, clock: &ManualClock, report: &mut Report)
         matches!(&bypass, Err(AppError::Db(sqlx::Error::Database(e))) if e.is_unique_violation());
     report.check("refused by UNIQUE (user_id, client_order_no)", refused);
     report.tables(svc, [3, 3, 4, 3]).await;
+
+    report.scenario("6. A crash after the stock commit, before idem marked the step done");
+    // Simulated by running the step outside any idempotent call: its business
+    // commit lands, no step record does.
+    let ticket = svc.deduct_stock(&request("c-1004")).await;
+    report.check("the stock moved with no step record", ticket.is_ok());
+    report.tables(svc, [3, 4, 2, 3]).await;
+    let resumed = svc.create_order(request("c-1004")).await;
+    show("the client's retry", &resumed);
+    println!(
+        "  (deduct_stock found its ledger row and returned it: 冲突即成功, no second deduction)"
+    );
+    report.check("the retry completed the order", resumed.is_ok());
+    report.tables(svc, [4, 4, 2, 4]).await;
 }
 
 fn remove_db(path: &Path) {
