@@ -215,7 +215,7 @@ fn unknown(name: &str, known: &[&str]) -> String {
     if let Some(best) = crate::suggest::closest(name, known.iter().copied()) {
         msg.push_str(&format!("; did you mean `{best}`?"));
     }
-    msg.push_str(&format!("\nthe options are: {}", known.join(", ")));
+    msg.push_str(&format!("\nhelp: the options are: {}", known.join(", ")));
     msg
 }
 

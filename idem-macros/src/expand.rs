@@ -4,8 +4,8 @@
 //! The body is moved, token for token, into an `async move` block, so errors
 //! inside it keep pointing at the user's lines.
 
-use proc_macro2::{Span, TokenStream};
-use quote::{quote, quote_spanned};
+use proc_macro2::{Group, Span, TokenStream, TokenTree};
+use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{ItemFn, LitStr, Path, ReturnType};
 
@@ -13,18 +13,25 @@ use crate::check::Plan;
 use crate::segments::Segment;
 
 /// `req.user.id` as an expression, spanned on the attribute's string.
+///
+/// The field names are marked as coming from this macro (located on the string
+/// all the same): for an unknown field rustc then reports "no field `usr_id` on
+/// type `Buy`" without its fix-it, which would replace the whole string with the
+/// field name. Field access ignores that hygiene; the root keeps the string's
+/// own span, since it must resolve to the user's parameter.
 fn segment_expr(seg: &Segment) -> TokenStream {
     let root = syn::Ident::new(&seg.root, seg.span);
+    let field_span = Span::mixed_site().located_at(seg.span);
     let fields = seg.fields.iter().map(|f| match f.parse::<u32>() {
         Ok(index) => {
             let index = syn::Index {
                 index,
-                span: seg.span,
+                span: field_span,
             };
             quote!(.#index)
         }
         Err(_) => {
-            let ident = syn::Ident::new(f, seg.span);
+            let ident = syn::Ident::new(f, field_span);
             quote!(.#ident)
         }
     });
@@ -65,28 +72,90 @@ fn body_block(func: &ItemFn) -> TokenStream {
 }
 
 /// Assertions on the user's own type tokens, so a type that cannot be cached
-/// is reported once, there. With `T` and `E` written out each gets its own
-/// check; otherwise (an alias like `io::Result<T>`) the whole return type does.
-/// The protocol call is dispatched (see the runtime's `dispatch` module) so it
-/// repeats none of these errors, which is sound only because one of these
-/// assertions is always emitted.
+/// (or, with `final_err`, stored) is reported once, there. With `T` and `E`
+/// written out each gets its own check; otherwise (an alias like
+/// `io::Result<T>`) the checks take the whole return type and point at it. The
+/// protocol call is dispatched (see the runtime's `dispatch` module) so it
+/// repeats none of these errors, which is sound only because these assertions
+/// are always emitted.
 fn type_checks(
     krate: &Path,
     func: &ItemFn,
     ok: Option<&syn::Type>,
     err: Option<&syn::Type>,
+    keeps_final: bool,
 ) -> TokenStream {
-    match (ok, err) {
+    let (first_half, result, ok_span, err_span) = match (ok, err) {
         (Some(ok), Some(err)) => {
-            let ok = quote_spanned!(ok.span()=> #krate::__private::assert_cacheable::<#ok>(););
-            let err = quote_spanned!(err.span()=> #krate::__private::assert_error_type::<#err>(););
-            quote!(#ok #err)
+            let (ok_span, err_span) = (ok.span(), err.span());
+            let (ko, ke) = (respan(krate, ok_span), respan(krate, err_span));
+            let storable = keeps_final.then(
+                || quote_spanned!(err_span=> #ke::__private::assert_storable_error::<#err>();),
+            );
+            let checks = quote! {
+                #ko::__private::assert_serializable::<#ok>();
+                #ke::__private::assert_error_type::<#err>();
+                #storable
+            };
+            let result = quote!(::core::result::Result<#ok, #err>);
+            (checks, result, ok_span, err_span)
         }
         _ => {
             let ret = return_type(func);
-            quote_spanned!(ret.span()=> #krate::__private::assert_result::<#ret>();)
+            let span = ret.span();
+            let k = respan(krate, span);
+            let assert = if keeps_final {
+                quote_spanned!(span=> assert_result_keeping_final)
+            } else {
+                quote_spanned!(span=> assert_result)
+            };
+            let checks = quote_spanned!(span=> #k::__private::#assert::<#ret>(););
+            (checks, ret, span, span)
+        }
+    };
+    // The rest of `Serialize + DeserializeOwned`, only where `Serialize` holds:
+    // one error for a type that derives neither serde trait, not two.
+    let ko = respan(krate, ok_span);
+    let ke = respan(krate, err_span);
+    let cacheable = quote_spanned! {ok_span=>
+        (&#ko::__private::OkProbe::<#result>::new()).assert_cacheable();
+    };
+    let storable = keeps_final.then(|| {
+        quote_spanned! {err_span=>
+            (&#ke::__private::ErrProbe::<#result>::new()).assert_storable_error();
+        }
+    });
+    quote! {
+        #first_half
+        {
+            #[allow(unused_imports)]
+            use #krate::__private::{SerializeHolds as _, SerializeMissing as _};
+            #cacheable
+            #storable
         }
     }
+}
+
+/// The runtime's path with every token on `span`, so an error in a call through
+/// it is drawn on the user's token alone rather than stretched to the attribute.
+fn respan(krate: &Path, span: Span) -> TokenStream {
+    fn go(tokens: TokenStream, span: Span) -> TokenStream {
+        tokens
+            .into_iter()
+            .map(|tt| match tt {
+                TokenTree::Group(g) => {
+                    let mut group = Group::new(g.delimiter(), go(g.stream(), span));
+                    group.set_span(span);
+                    TokenTree::Group(group)
+                }
+                mut other => {
+                    other.set_span(span);
+                    other
+                }
+            })
+            .collect()
+    }
+    go(krate.to_token_stream(), span)
 }
 
 fn return_type(func: &ItemFn) -> TokenStream {
@@ -102,7 +171,7 @@ fn dispatch(krate: &Path, func: &ItemFn) -> TokenStream {
     let ret = return_type(func);
     quote! {
         #[allow(unused_imports)]
-        use #krate::__private::{Checked as _, Unchecked as _};
+        use #krate::__private::{Checked as _, CheckedFinal as _, Unchecked as _};
         let __idem_dispatch = &#krate::__private::Dispatch::<#ret>::new();
     }
 }
@@ -133,14 +202,16 @@ pub(crate) fn idempotent(plan: &Plan<'_>, func: &ItemFn, krate: &Path) -> TokenS
         .map(|e: &LitStr| quote!(#krate::__private::key_part(&mut __idem_key, #e);));
     let key_parts = plan.key.iter().map(|seg| {
         let expr = segment_expr(seg);
-        quote_spanned!(seg.span=> #krate::__private::key_part(&mut __idem_key, &#expr);)
+        let k = respan(krate, seg.span);
+        quote_spanned!(seg.span=> #k::__private::key_part(&mut __idem_key, &#expr);)
     });
     let fingerprint = if plan.fingerprint.is_empty() {
         quote!(#krate::__private::None)
     } else {
         let parts = plan.fingerprint.iter().map(|seg| {
             let expr = segment_expr(seg);
-            quote_spanned!(seg.span=> #krate::__private::fingerprint_part(&mut __idem_fp, &#expr);)
+            let k = respan(krate, seg.span);
+            quote_spanned!(seg.span=> #k::__private::fingerprint_part(&mut __idem_fp, &#expr);)
         });
         quote!({
             let mut __idem_fp = #krate::__private::fingerprint_builder();
@@ -154,7 +225,13 @@ pub(crate) fn idempotent(plan: &Plan<'_>, func: &ItemFn, krate: &Path) -> TokenS
         }
         None => quote!(#krate::__private::None),
     };
-    let checks = type_checks(krate, func, plan.ok_type, plan.err_type);
+    let checks = type_checks(
+        krate,
+        func,
+        plan.ok_type,
+        plan.err_type,
+        plan.final_err.is_some(),
+    );
     let dispatch = dispatch(krate, func);
     let body = body_block(func);
     let call = match &plan.final_err {
@@ -204,7 +281,7 @@ pub(crate) fn step(
     let ItemFn {
         attrs, vis, sig, ..
     } = func;
-    let checks = type_checks(krate, func, ok, err);
+    let checks = type_checks(krate, func, ok, err, false);
     let dispatch = dispatch(krate, func);
     let body = body_block(func);
     quote! {

@@ -35,12 +35,15 @@ fn is_ident(s: &str) -> bool {
 pub(crate) fn parse(lit: &LitStr, option: &str, errors: &mut Errors) -> Vec<Segment> {
     let value = lit.value();
     if value.trim().is_empty() {
-        errors.error(
-            lit,
-            format!(
-                "`{option}` is empty: name the business fields that identify one intent, e.g. {option} = \"req.user_id|req.client_order_no\""
-            ),
-        );
+        let what = match option {
+            "fingerprint" => {
+                "name the payload fields a replay must match, e.g. fingerprint = \"req.amount|req.currency\", or drop `fingerprint`"
+            }
+            _ => {
+                "name the business fields that identify one intent, e.g. key = \"req.user_id|req.client_order_no\""
+            }
+        };
+        errors.error(lit, format!("`{option}` is empty: {what}"));
         return Vec::new();
     }
     let mut out = Vec::new();

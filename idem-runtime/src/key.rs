@@ -56,7 +56,7 @@ mod tag {
 /// ```
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be part of an idempotency key",
-    label = "this key segment is a `{Self}`, which is not a `KeyPart`",
+    label = "a segment of this key has type `{Self}`, which is not a `KeyPart`",
     note = "a key must be the same on every retry of one business intent: clock values (`SystemTime`, `Instant`, chrono/time types) and per-request random ids change every time, so such a key never deduplicates",
     note = "build the key from business fields (user id, sku, client order number); for your own stable id types, implement `idem_runtime::KeyPart`"
 )]
@@ -538,7 +538,9 @@ mod tests {
         fn one(buf: &mut &[u8]) -> Decoded {
             match take(buf, 1)[0] {
                 tag::UINT => Decoded::UInt(u128::from_be_bytes(take(buf, 16).try_into().unwrap())),
-                tag::NEG_INT => Decoded::NegInt(i128::from_be_bytes(take(buf, 16).try_into().unwrap())),
+                tag::NEG_INT => {
+                    Decoded::NegInt(i128::from_be_bytes(take(buf, 16).try_into().unwrap()))
+                }
                 tag::BOOL => Decoded::Bool(take(buf, 1)[0] == 1),
                 tag::CHAR => Decoded::Char(
                     char::from_u32(u32::from_be_bytes(take(buf, 4).try_into().unwrap())).unwrap(),

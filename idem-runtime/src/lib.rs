@@ -75,9 +75,15 @@ pub use store::{
 /// it changes without notice.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::dispatch::{Checked, Dispatch, Unchecked};
+    pub use crate::dispatch::{
+        Checked, CheckedFinal, Dispatch, ErrProbe, OkProbe, SerializeHolds, SerializeMissing,
+        Unchecked,
+    };
     pub use crate::key::{FingerprintBuilder, Key, KeyBuilder};
-    pub use crate::protocol::{Cacheable, FromIdemError, IdemResult, Kind, Spec};
+    pub use crate::protocol::{
+        Cacheable, CacheableSerialize, FromIdemError, IdemResult, Kind, Spec, StorableError,
+        StorableErrorSerialize,
+    };
     pub use crate::store::{AsStore, StoreRef};
     pub use core::option::Option::{None, Some};
     pub use core::time::Duration;
@@ -111,16 +117,38 @@ pub mod __private {
         store.as_store()
     }
 
-    /// Pins the cached type's check to the user's `T`, so the error lands there.
+    /// Pins the first half of the cached type's check to the user's `T`, so
+    /// the error lands there; `OkProbe` does the second half.
     #[inline]
-    pub fn assert_cacheable<T: Cacheable>() {}
+    pub fn assert_serializable<T: CacheableSerialize + ?Sized>() {}
 
     /// Pins the error type's check to the user's `E`.
     #[inline]
     pub fn assert_error_type<E: FromIdemError>() {}
 
-    /// The check for a return type whose `T` and `E` are not written out
-    /// (an alias such as `io::Result<T>`).
+    /// With `final_err`: the first half of the stored error's check, on `E`;
+    /// `ErrProbe` does the second half.
     #[inline]
-    pub fn assert_result<R: IdemResult>() {}
+    pub fn assert_storable_error<E: StorableErrorSerialize + ?Sized>() {}
+
+    /// The same checks for a return type whose `T` and `E` are not written out
+    /// (an alias such as `io::Result<T>`), on the whole return type.
+    #[inline]
+    pub fn assert_result<R>()
+    where
+        R: IdemResult,
+        R::Ok: CacheableSerialize,
+        R::Err: FromIdemError,
+    {
+    }
+
+    /// [`assert_result`] with `final_err`.
+    #[inline]
+    pub fn assert_result_keeping_final<R>()
+    where
+        R: IdemResult,
+        R::Ok: CacheableSerialize,
+        R::Err: FromIdemError + StorableErrorSerialize,
+    {
+    }
 }

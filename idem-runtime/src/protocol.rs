@@ -92,31 +92,72 @@ impl Spec {
 
 /// A result type that can be stored and replayed.
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot be cached as the result of an idempotent call",
+    message = "`{Self}` cannot be cached as the result of an idempotent call: it is not `Serialize + DeserializeOwned`",
     label = "the result is stored and replayed to duplicates",
     note = "the `T` of `Result<T, E>` must implement `Serialize` and `DeserializeOwned` (derive `serde::Serialize` and `serde::Deserialize`)"
 )]
 pub trait Cacheable: Serialize + DeserializeOwned {}
 impl<T: Serialize + DeserializeOwned> Cacheable for T {}
 
+/// The `Serialize` half of [`Cacheable`]. Expansions check it first and alone,
+/// then the rest only when it holds (see the `dispatch` module), so a type that
+/// has neither serde trait gets one error rather than one per trait.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be cached as the result of an idempotent call: it is not `Serialize + DeserializeOwned`",
+    label = "the result is stored and replayed to duplicates",
+    note = "the `T` of `Result<T, E>` must implement `Serialize` and `DeserializeOwned` (derive `serde::Serialize` and `serde::Deserialize`)"
+)]
+pub trait CacheableSerialize: Serialize {}
+impl<T: Serialize + ?Sized> CacheableSerialize for T {}
+
+/// An error type `final_err` can store: a final error is replayed to duplicates.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be stored as a final error: it is not `Serialize + DeserializeOwned`",
+    label = "with `final_err`, an error it calls final is stored and replayed to duplicates",
+    note = "derive `serde::Serialize` and `serde::Deserialize` for `{Self}` (skip what cannot be stored with `#[serde(skip)]`), or drop `final_err` so every `Err` releases the key for a retry"
+)]
+pub trait StorableError: Serialize + DeserializeOwned {}
+impl<E: Serialize + DeserializeOwned> StorableError for E {}
+
+/// The `Serialize` half of [`StorableError`], checked first and alone like
+/// [`CacheableSerialize`].
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be stored as a final error: it is not `Serialize + DeserializeOwned`",
+    label = "with `final_err`, an error it calls final is stored and replayed to duplicates",
+    note = "derive `serde::Serialize` and `serde::Deserialize` for `{Self}` (skip what cannot be stored with `#[serde(skip)]`), or drop `final_err` so every `Err` releases the key for a retry"
+)]
+pub trait StorableErrorSerialize: Serialize {}
+impl<E: Serialize + ?Sized> StorableErrorSerialize for E {}
+
 /// An error type the protocol can report through.
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot carry idempotency errors",
+    message = "`{Self}` cannot carry idempotency errors: it does not implement `From<idem_runtime::Error>`",
     label = "in-progress, key reuse and store failures reach the caller as this type",
     note = "implement `From<idem_runtime::Error>` for `{Self}` (for example a `#[from] idem_runtime::Error` variant with thiserror)"
 )]
 pub trait FromIdemError: From<Error> {}
 impl<E: From<Error>> FromIdemError for E {}
 
-/// A return type the attributes accept: `Result<T, E>` with a cacheable `T`
-/// and an `E` that carries [`Error`].
+/// A return type the attributes accept: a `Result<T, E>`, also when written
+/// through an alias such as `io::Result<T>`. Expansions check its `Ok` against
+/// [`Cacheable`] and its `Err` against [`FromIdemError`], each alone: a bound
+/// on the whole `Result` would report a failing `E` as an unexplained
+/// "`io::Error: From<idem_runtime::Error>` is not satisfied".
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a result an idempotent call can return",
-    label = "must be `Result<T, E>` with `T: Serialize + DeserializeOwned` and `E: From<idem_runtime::Error>`",
+    message = "`{Self}` is not a `Result<T, E>`",
+    label = "an idempotent call must return `Result<T, E>`",
     note = "`Ok` is stored and replayed to duplicates; in-progress, key reuse and store failures reach the caller as `E`"
 )]
-pub trait IdemResult {}
-impl<T: Cacheable, E: FromIdemError> IdemResult for Result<T, E> {}
+pub trait IdemResult {
+    /// The `T`.
+    type Ok;
+    /// The `E`.
+    type Err;
+}
+impl<T, E> IdemResult for Result<T, E> {
+    type Ok = T;
+    type Err = E;
+}
 
 /// How errors of the body are treated.
 trait ErrorPolicy<E> {

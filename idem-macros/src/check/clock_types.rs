@@ -4,6 +4,8 @@
 
 use syn::{GenericArgument, PathArguments, Type};
 
+use super::Role;
+
 const CLOCK_TYPES: &[&str] = &[
     "SystemTime",
     "Instant",
@@ -43,9 +45,12 @@ pub(crate) fn find(ty: &Type) -> Option<&syn::Ident> {
     }
 }
 
-pub(crate) fn message(param: &str, clock: &syn::Ident) -> String {
+pub(crate) fn message(role: Role, param: &str, clock: &syn::Ident) -> String {
     format!(
-        "key parameter `{param}` is a `{clock}`, a clock value: it is different on every retry, so the key never repeats and nothing is deduplicated\n\
-         help: key on business fields (user id, sku, client order number); a date that is fixed per intent can be passed as a string or number and named in `allow`"
+        "{option} parameter `{param}` has a clock type (`{clock}`): its value is different on every retry, {harm}\n\
+         help: use business fields ({fields}); a date that is fixed per intent can be passed as a string or number and named in `allow`",
+        option = role.option(),
+        harm = role.harm(),
+        fields = role.fields(),
     )
 }

@@ -28,7 +28,15 @@ fn parse(lit: &LitStr, option: &str, errors: &mut Errors) -> Option<u64> {
             None
         }
         Some(0) => {
-            errors.error(lit, format!("`{option}` is zero: {HELP}"));
+            let example = match option {
+                "ttl" => "`24h`",
+                "lease" => "`30s`",
+                _ => "`2s`",
+            };
+            errors.error(
+                lit,
+                format!("`{option}` is zero: write a positive duration, e.g. {example}"),
+            );
             None
         }
         Some(ms) => Some(ms),
@@ -80,7 +88,7 @@ pub(crate) fn check(
                 lit,
                 format!(
                     "`lease = \"{}\"` is longer than the ttl ({}): the record would expire while its owner still holds it\n\
-                     help: the lease covers one execution (seconds to minutes); the ttl covers every retry (hours to days)",
+                     help: shorten the lease or raise the ttl: the lease covers one execution (seconds to minutes); the ttl covers every retry (hours to days)",
                     duration::display(lease),
                     duration::display(ttl_val)
                 ),

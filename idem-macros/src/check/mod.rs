@@ -82,8 +82,11 @@ pub(crate) fn idempotent<'a>(
         .unwrap_or_default();
 
     let bindings = params::bindings(&func.sig);
-    for seg in key.iter().chain(&fingerprint) {
-        check_segment(seg, &bindings, &allow, errors);
+    for seg in &key {
+        check_segment(seg, Role::Key, &bindings, &allow, errors);
+    }
+    for seg in &fingerprint {
+        check_segment(seg, Role::Fingerprint, &bindings, &allow, errors);
     }
 
     let durations = durations::check(
@@ -111,15 +114,51 @@ pub(crate) fn idempotent<'a>(
     }
 }
 
+/// Which option a segment comes from: the same misuse does different harm.
+#[derive(Clone, Copy)]
+pub(crate) enum Role {
+    Key,
+    Fingerprint,
+}
+
+impl Role {
+    pub(crate) fn option(self) -> &'static str {
+        match self {
+            Role::Key => "key",
+            Role::Fingerprint => "fingerprint",
+        }
+    }
+
+    /// The fields this option is usually built from, for messages.
+    pub(crate) fn fields(self) -> &'static str {
+        match self {
+            Role::Key => "user id, sku, client order number",
+            Role::Fingerprint => "amount, currency, items",
+        }
+    }
+
+    /// What a value that changes on every retry does in this role.
+    pub(crate) fn harm(self) -> &'static str {
+        match self {
+            Role::Key => "so the key never repeats and nothing is deduplicated",
+            Role::Fingerprint => {
+                "so every retry looks like another payload and is refused as a key reuse"
+            }
+        }
+    }
+}
+
 fn check_segment(
     seg: &Segment,
+    role: Role,
     bindings: &[params::Binding<'_>],
     allow: &HashSet<String>,
     errors: &mut Errors,
 ) {
     let Some(binding) = bindings.iter().find(|b| b.name == seg.root) else {
         let mut msg = format!(
-            "key segment `{}` names no parameter of this function",
+            "{} segment `{}` names no parameter of this function",
+            role.option(),
             seg.text
         );
         let names = bindings.iter().map(|b| b.name.as_str());
@@ -142,7 +181,7 @@ fn check_segment(
         if let Some(suspicion) = time_like_names::judge(name) {
             errors.at(
                 seg.span,
-                time_like_names::message(&seg.text, name, suspicion),
+                time_like_names::message(role, &seg.text, name, suspicion),
             );
             return;
         }
@@ -150,7 +189,7 @@ fn check_segment(
     if let (Some(ty), true) = (binding.ty, seg.fields.is_empty()) {
         if let Some(clock) = clock_types::find(ty) {
             if !allow.contains(&seg.root) {
-                errors.error(ty, clock_types::message(&seg.root, clock));
+                errors.error(ty, clock_types::message(role, &seg.root, clock));
             }
         }
     }

@@ -10,16 +10,23 @@ pub(crate) struct ResultTypes<'a> {
     pub err: Option<&'a Type>,
 }
 
+const RESULT_HELP: &str = "help: return `Result<T, E>` (or an alias of it, like `io::Result<T>` or `AppResult<T>`) with `T: Serialize + DeserializeOwned` and `E: From<idem_runtime::Error>`";
+
 pub(crate) fn check<'a>(
     sig: &'a Signature,
     attr: &str,
     errors: &mut Errors,
 ) -> Option<ResultTypes<'a>> {
     if sig.asyncness.is_none() {
+        let why = if attr == "step" {
+            "looking up and recording a step's output are async store round trips"
+        } else {
+            "claiming and completing the key are async store round trips"
+        };
         errors.error(
-            &sig.fn_token,
+            sig.fn_token,
             format!(
-                "#[{attr}] needs an `async fn`: claiming and completing the key are async store round trips\n\
+                "#[{attr}] needs an `async fn`: {why}\n\
                  help: write `async fn {}(…)`",
                 sig.ident
             ),
@@ -29,15 +36,14 @@ pub(crate) fn check<'a>(
         errors.error(
             &sig.ident,
             format!(
-                "#[{attr}] needs a function returning `Result<T, E>`: `Ok` is stored and replayed, `Err` releases the key for a retry\n\
-                 help: return `Result<T, E>` with `T: Serialize + DeserializeOwned` and `E: From<idem_runtime::Error>`"
+                "#[{attr}] needs a function returning `Result<T, E>`: `Ok` is stored and replayed, `Err` releases the key for a retry\n{RESULT_HELP}"
             ),
         );
         return None;
     };
     let not_result = || {
         format!(
-            "#[{attr}] needs a function returning `Result<T, E>`, found `{}`: `Ok` is stored and replayed, `Err` releases the key for a retry",
+            "#[{attr}] needs a function returning `Result<T, E>`, found `{}`: `Ok` is stored and replayed, `Err` releases the key for a retry\n{RESULT_HELP}",
             quote::quote!(#ty)
                 .to_string()
                 .replace(" < ", "<")
@@ -51,7 +57,12 @@ pub(crate) fn check<'a>(
     };
     let last = path.path.segments.last()?;
     if last.ident != "Result" {
-        errors.error(ty, not_result());
+        // `AppResult<T>`, `ServiceResult<T, E>`: by convention an alias of
+        // `Result`, whose `T` and `E` only the type system knows; the expansion
+        // checks them there (a name that lies gets "`…` is not a `Result<T, E>`").
+        if !last.ident.to_string().ends_with("Result") {
+            errors.error(ty, not_result());
+        }
         return None;
     }
     let PathArguments::AngleBracketed(args) = &last.arguments else {

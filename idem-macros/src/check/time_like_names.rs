@@ -7,6 +7,8 @@
 //! and `update_count` — which merely contain `date`, `now`, `at` or `update` —
 //! pass.
 
+use super::Role;
+
 /// What a suspicious name looks like, for the message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Suspicion {
@@ -74,15 +76,32 @@ pub(crate) fn judge(name: &str) -> Option<Suspicion> {
     None
 }
 
-pub(crate) fn message(segment: &str, name: &str, suspicion: Suspicion) -> String {
-    let what = match suspicion {
-        Suspicion::Time => "looks like a time value",
-        Suspicion::PerRequest => "looks like a per-request random id",
+pub(crate) fn message(role: Role, segment: &str, name: &str, suspicion: Suspicion) -> String {
+    let (what, exempt) = match suspicion {
+        Suspicion::Time => (
+            "looks like a time value",
+            format!("if `{name}` really is fixed per intent (a batch's settlement date)"),
+        ),
+        Suspicion::PerRequest => (
+            "looks like a per-request random id",
+            format!(
+                "if the client generates `{name}` once and resends it unchanged on every retry (an idempotency key)"
+            ),
+        ),
+    };
+    // `req.created_at` names the suspicious word; `nonce` alone needs no repeat.
+    let which = if segment == name {
+        String::new()
+    } else {
+        format!(" (`{name}`)")
     };
     format!(
-        "key segment `{segment}` {what} (`{name}`): it changes on every retry, so the key never repeats and nothing is deduplicated\n\
-         help: key on business fields that are the same for every delivery of one intent (user id, sku, client order number)\n\
-         help: if `{name}` really is fixed per intent (a batch's settlement date), add `allow = \"{name}\"`"
+        "{option} segment `{segment}` {what}{which}: it changes on every retry, {harm}\n\
+         help: use business fields that are the same for every delivery of one intent ({fields})\n\
+         help: {exempt}, add `allow = \"{name}\"`",
+        option = role.option(),
+        harm = role.harm(),
+        fields = role.fields(),
     )
 }
 
