@@ -537,11 +537,16 @@ async fn storm(s: Subject, wait: Option<Duration>) {
 
 /// Generates one `#[tokio::test]` per conformance case for a backend.
 ///
-/// ```ignore
+/// ```
+/// use idem_runtime::store::memory::MemoryStore;
+/// use idem_runtime::{ManualClock, StoreRef};
+/// use idem_tests::conformance::Subject;
+///
 /// idem_tests::conformance_suite!(memory, async {
 ///     let clock = ManualClock::default();
 ///     Subject::manual(StoreRef::new(MemoryStore::builder().clock(clock.clone()).build()), clock)
 /// });
+/// # fn main() {}
 /// ```
 #[macro_export]
 macro_rules! conformance_suite {

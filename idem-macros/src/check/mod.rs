@@ -89,6 +89,10 @@ pub(crate) fn idempotent<'a>(
         check_segment(seg, Role::Fingerprint, &bindings, &allow, errors);
     }
 
+    if let Some(lit) = &args.allow {
+        check_allow_used(lit, &allow, key.iter().chain(&fingerprint), errors);
+    }
+
     let durations = durations::check(
         args.ttl.as_ref(),
         args.lease.as_ref(),
@@ -111,6 +115,32 @@ pub(crate) fn idempotent<'a>(
         final_err: args.final_err,
         ok_type: result.as_ref().map(|r| r.ok),
         err_type: result.and_then(|r| r.err),
+    }
+}
+
+/// An `allow` entry that exempts nothing is a typo or a leftover, and would
+/// silently exempt a segment added later under that name.
+fn check_allow_used<'s>(
+    lit: &LitStr,
+    allow: &HashSet<String>,
+    segments: impl Iterator<Item = &'s Segment>,
+    errors: &mut Errors,
+) {
+    let names: HashSet<&str> = segments.flat_map(Segment::names).collect();
+    let mut unused: Vec<&str> = allow
+        .iter()
+        .map(String::as_str)
+        .filter(|a| *a != "ttl" && !names.contains(a))
+        .collect();
+    unused.sort_unstable();
+    for name in unused {
+        errors.error(
+            lit,
+            format!(
+                "`allow` names `{name}`, but no key or fingerprint segment is named `{name}`: it exempts nothing\n\
+                 help: list the exact field or parameter name the misuse check rejected, or remove it"
+            ),
+        );
     }
 }
 

@@ -17,6 +17,20 @@ pub(crate) fn check<'a>(
     attr: &str,
     errors: &mut Errors,
 ) -> Option<ResultTypes<'a>> {
+    if sig.asyncness.is_none() && returns_boxed_future(sig) {
+        // `#[async_trait]` on the impl expands first and leaves us a plain fn
+        // returning `Pin<Box<dyn Future>>`: "needs an async fn" would puzzle a user
+        // who wrote `async fn`.
+        errors.error(
+            sig.fn_token,
+            format!(
+                "#[{attr}] cannot wrap a method rewritten by #[async_trait]\n\
+                 help: use a native `async fn` in the trait (Rust 1.75+) and drop #[async_trait], \
+                 or put #[{attr}] on an inherent `async fn` that the trait method calls"
+            ),
+        );
+        return None;
+    }
     if sig.asyncness.is_none() {
         let why = if attr == "step" {
             "looking up and recording a step's output are async store round trips"
@@ -77,4 +91,13 @@ pub(crate) fn check<'a>(
         ok,
         err: types.next(),
     })
+}
+
+/// `Pin<Box<dyn Future<…> + …>>`, the shape `#[async_trait]` gives its methods.
+fn returns_boxed_future(sig: &Signature) -> bool {
+    let ReturnType::Type(_, ty) = &sig.output else {
+        return false;
+    };
+    let text = quote::quote!(#ty).to_string();
+    text.contains("Pin") && text.contains("Future")
 }

@@ -8,12 +8,15 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-
 use crate::error::StoreError;
 use crate::key::{Fingerprint, Key};
 
 pub mod memory;
+
+/// The attribute [`Store`] implementations are written with, re-exported so a
+/// backend outside this crate needs no dependency of its own for it:
+/// `#[idem_runtime::store::async_trait] impl Store for MyStore { … }`.
+pub use async_trait::async_trait;
 #[cfg(feature = "sqlite")]
 pub mod sql;
 

@@ -114,19 +114,8 @@ impl SqliteStoreBuilder {
 
     /// Opens (creating if missing) the database file at `path` and migrates it.
     pub async fn open(self, path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
-        let location = path.as_ref().display().to_string();
-        let options = SqliteConnectOptions::new()
-            .filename(path.as_ref())
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(self.busy_timeout);
-        let pool = SqlitePoolOptions::new()
-            .max_connections(self.max_connections)
-            .connect_with(options)
-            .await
-            .map_err(|e| StoreError::new(BACKEND, location.clone(), e))?;
-        self.finish(pool, location).await
+        let options = SqliteConnectOptions::new().filename(path.as_ref());
+        self.open_file(options).await
     }
 
     /// Opens the database a `sqlite:` URL names (`sqlite://orders.db`,
@@ -138,6 +127,13 @@ impl SqliteStoreBuilder {
         if location == ":memory:" || url.contains("mode=memory") {
             return self.in_memory_with(options, location).await;
         }
+        self.open_file(options).await
+    }
+
+    async fn open_file(self, options: SqliteConnectOptions) -> Result<SqliteStore, StoreError> {
+        let location = options.get_filename().display().to_string();
+        // WAL lets readers run beside the one writer; the busy timeout makes
+        // concurrent writers queue instead of failing with SQLITE_BUSY.
         let options = options
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
