@@ -2,3 +2,4 @@
 //! backend runs unchanged.
 
 pub mod conformance;
+pub mod services;

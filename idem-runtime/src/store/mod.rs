@@ -17,8 +17,11 @@ pub mod memory;
 /// backend outside this crate needs no dependency of its own for it:
 /// `#[idem_runtime::store::async_trait] impl Store for MyStore { … }`.
 pub use async_trait::async_trait;
-#[cfg(feature = "sqlite")]
+#[cfg(feature = "redis")]
+pub mod redis;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub mod sql;
+pub mod tx;
 
 /// Results larger than this are not stored unless a store says otherwise.
 pub const DEFAULT_MAX_RESULT_BYTES: usize = 1024 * 1024;

@@ -3,18 +3,21 @@
 //! `_sqlx_migrations`.
 
 /// One embedded migration.
+#[allow(dead_code)] // which fields a dialect reads depends on the features built
 pub(crate) struct Migration {
     pub version: i64,
     pub description: &'static str,
     pub sql: &'static str,
 }
 
+#[cfg(feature = "sqlite")]
 pub(crate) const SQLITE: &[Migration] = &[Migration {
     version: 1,
     description: "create idem_records",
     sql: include_str!("../../../migrations/sqlite/0001_create_records.sql"),
 }];
 
+#[cfg(feature = "sqlite")]
 pub(crate) const SQLITE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS idem_schema_migrations (
     version     INTEGER NOT NULL PRIMARY KEY,
     description TEXT    NOT NULL,

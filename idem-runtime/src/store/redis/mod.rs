@@ -1,0 +1,1 @@
+//! Redis store (single node and Cluster): being written (issue 3).

@@ -1,0 +1,1 @@
+//! MySQL / MariaDB store: being written (issue 3).

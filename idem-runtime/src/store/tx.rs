@@ -1,0 +1,59 @@
+//! Claims inside the caller's database transaction.
+//!
+//! With `#[idempotent(tx = tx, …)]` the record is written on the caller's own
+//! transaction, so it commits or rolls back together with the business writes:
+//! a rolled-back order leaves no "done" record behind, and a committed one can
+//! never lack it. A concurrent duplicate blocks on the record's unique index
+//! until the first transaction ends, then replays what it committed (or claims
+//! the key itself if it rolled back). The claim is an upsert, never a caught
+//! unique violation, so a duplicate never aborts the caller's transaction.
+
+use async_trait::async_trait;
+
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::store::{Claim, ClaimRequest, Completion, Token};
+
+/// A database connection the claim protocol can run on inside a transaction.
+///
+/// Implemented for the sqlx connections of the SQL stores. Time is the
+/// database server's; records go to the same `idem_records` table the store
+/// of that dialect uses (run the store's migrations once at start-up).
+#[async_trait]
+pub trait TxConnection: Send {
+    /// The backend's name, for errors and metrics.
+    fn backend(&self) -> &'static str;
+
+    /// The largest result payload kept.
+    fn max_result_bytes(&self) -> usize {
+        crate::store::DEFAULT_MAX_RESULT_BYTES
+    }
+
+    /// [`crate::Store::claim`], on this connection.
+    async fn claim(&mut self, req: ClaimRequest<'_>) -> Result<Claim, StoreError>;
+
+    /// [`crate::Store::complete`], on this connection.
+    async fn complete(
+        &mut self,
+        key: &Key,
+        token: Token,
+        completion: Completion<'_>,
+    ) -> Result<bool, StoreError>;
+
+    /// [`crate::Store::release`], on this connection.
+    async fn release(&mut self, key: &Key, token: Token) -> Result<bool, StoreError>;
+}
+
+/// What `tx = …` may name: a `&mut sqlx::Transaction` or a `&mut` connection.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a transaction idem can claim in",
+    label = "`tx = …` must name a `&mut sqlx::Transaction<'_, DB>` or `&mut DB::Connection` parameter",
+    note = "claims inside a transaction are supported on PostgreSQL, MySQL/MariaDB and SQLite connections (features `postgres`, `mysql`, `sqlite`)"
+)]
+pub trait AsTxConnection: Send {
+    /// The connection the claim runs on.
+    type Connection: TxConnection + ?Sized;
+
+    /// The connection under the transaction.
+    fn tx_connection(&mut self) -> &mut Self::Connection;
+}

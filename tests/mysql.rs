@@ -1,0 +1,1 @@
+//! mysql store tests: being written (issue 3).

@@ -1,0 +1,1 @@
+//! postgres store tests: being written (issue 3).

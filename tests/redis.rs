@@ -1,0 +1,1 @@
+//! redis store tests: being written (issue 3).

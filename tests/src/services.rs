@@ -1,0 +1,65 @@
+//! Reaching the servers the server-store tests need.
+//!
+//! Each server's URL comes from an environment variable with a localhost
+//! default. When a server cannot be reached the test says so loudly and
+//! returns; with `IDEM_REQUIRE_SERVICES=1` (what `.ci/run` sets) it fails
+//! instead, so CI can never pass by skipping.
+
+use std::fmt::Display;
+
+/// The PostgreSQL URL (`IDEM_POSTGRES_URL`).
+pub fn postgres_url() -> String {
+    var(
+        "IDEM_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    )
+}
+
+/// The MariaDB/MySQL URL (`IDEM_MYSQL_URL`).
+pub fn mysql_url() -> String {
+    var("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
+}
+
+/// The single-node Redis URL (`IDEM_REDIS_URL`).
+pub fn redis_url() -> String {
+    var("IDEM_REDIS_URL", "redis://127.0.0.1:6379")
+}
+
+/// The Redis Cluster's node URLs (`IDEM_REDIS_CLUSTER_URLS`, comma-separated),
+/// as `scripts/test` starts it.
+pub fn redis_cluster_urls() -> Vec<String> {
+    var(
+        "IDEM_REDIS_CLUSTER_URLS",
+        "redis://127.0.0.1:7101,redis://127.0.0.1:7102,redis://127.0.0.1:7103",
+    )
+    .split(',')
+    .map(|s| s.trim().to_owned())
+    .filter(|s| !s.is_empty())
+    .collect()
+}
+
+fn var(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
+
+/// Whether an unreachable server fails the run (`IDEM_REQUIRE_SERVICES=1`).
+pub fn required() -> bool {
+    std::env::var("IDEM_REQUIRE_SERVICES").is_ok_and(|v| v == "1")
+}
+
+/// The value, or — when the server is unreachable — a loud skip (`None`), or a
+/// panic when services are required.
+pub fn reachable<T, E: Display>(service: &str, at: &str, result: Result<T, E>) -> Option<T> {
+    match result {
+        Ok(v) => Some(v),
+        Err(e) if required() => {
+            panic!("{service} at {at} is unreachable and IDEM_REQUIRE_SERVICES=1: {e}")
+        }
+        Err(e) => {
+            eprintln!(
+                "SKIPPED: {service} at {at} is unreachable ({e}); set IDEM_REQUIRE_SERVICES=1 to fail instead"
+            );
+            None
+        }
+    }
+}
