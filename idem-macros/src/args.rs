@@ -22,6 +22,7 @@ pub(crate) struct IdempotentArgs {
     pub wait: Option<LitStr>,
     pub allow: Option<LitStr>,
     pub final_err: Option<Expr>,
+    pub tx: Option<Expr>,
     pub krate: Option<syn::Path>,
 }
 
@@ -37,6 +38,7 @@ pub(crate) const IDEMPOTENT_OPTIONS: &[&str] = &[
     "wait",
     "allow",
     "final_err",
+    "tx",
     "crate",
 ];
 
@@ -136,6 +138,7 @@ fn example(name: &Ident) -> &'static str {
         "allow" => "allow = \"settle_date\"",
         "store" => "store = self.idem_store.clone()",
         "final_err" => "final_err = AppError::is_final",
+        "tx" => "tx = tx (a `&mut sqlx::Transaction` parameter)",
         "crate" => "crate = \"my_reexport::idem_runtime\"",
         _ => "name = value",
     }
@@ -177,6 +180,7 @@ pub(crate) fn parse_idempotent(tokens: TokenStream, errors: &mut Errors) -> Idem
             ),
             "store" => set_once(&mut args.store, expr(&item, errors), &item.name, errors),
             "final_err" => set_once(&mut args.final_err, expr(&item, errors), &item.name, errors),
+            "tx" => set_once(&mut args.tx, expr(&item, errors), &item.name, errors),
             "crate" => {
                 let path = lit_str(&item, errors).and_then(|s| match s.parse::<syn::Path>() {
                     Ok(p) => Some(p),

@@ -71,6 +71,30 @@ fn body_block(func: &ItemFn) -> TokenStream {
     }
 }
 
+/// With `tx = …`, the body becomes an async closure that gets the transaction
+/// back from the runtime, which claims before and records after on that same
+/// transaction. The closure's parameter reuses the user's name, so the body's
+/// uses of it are untouched; its type is inferred from the runtime's bound.
+fn tx_body(func: &ItemFn, tx: &syn::Ident) -> TokenStream {
+    let block = &func.block;
+    let stmts = &block.stmts;
+    let ret = return_type(func);
+    // The parameter's declared type, so the body type-checks before the runtime's
+    // bound is known (check/transaction.rs guarantees it is a `&mut` parameter).
+    let ty = func.sig.inputs.iter().find_map(|arg| match arg {
+        syn::FnArg::Typed(pt) => match &*pt.pat {
+            syn::Pat::Ident(pi) if pi.ident == *tx => Some(&pt.ty),
+            _ => None,
+        },
+        syn::FnArg::Receiver(_) => None,
+    });
+    quote_spanned! {block.span()=>
+        async move |#tx: #ty| -> #ret {
+            #(#stmts)*
+        }
+    }
+}
+
 /// Assertions on the user's own type tokens, so a type that cannot be cached
 /// (or, with `final_err`, stored) is reported once, there. With `T` and `E`
 /// written out each gets its own check; otherwise (an alias like
@@ -219,11 +243,14 @@ pub(crate) fn idempotent(plan: &Plan<'_>, func: &ItemFn, krate: &Path) -> TokenS
             #krate::__private::Some(__idem_fp.finish())
         })
     };
-    let store = match &plan.store {
-        Some(expr) => {
-            quote_spanned!(expr.span()=> #krate::__private::Some(#krate::__private::store_of(&(#expr))))
+    // With `tx` the record goes on the caller's transaction: there is no store.
+    let store = match (&plan.store, &plan.tx) {
+        (_, Some(_)) => TokenStream::new(),
+        (Some(expr), None) => {
+            let store = quote_spanned!(expr.span()=> #krate::__private::Some(#krate::__private::store_of(&(#expr))));
+            quote!(let __idem_store = #store;)
         }
-        None => quote!(#krate::__private::None),
+        (None, None) => quote!(let __idem_store = #krate::__private::None;),
     };
     let checks = type_checks(
         krate,
@@ -233,12 +260,18 @@ pub(crate) fn idempotent(plan: &Plan<'_>, func: &ItemFn, krate: &Path) -> TokenS
         plan.final_err.is_some(),
     );
     let dispatch = dispatch(krate, func);
-    let body = body_block(func);
-    let call = match &plan.final_err {
-        None => quote! {
+    let body = match &plan.tx {
+        None => body_block(func),
+        Some(tx) => tx_body(func, tx),
+    };
+    let call = match (&plan.tx, &plan.final_err) {
+        (Some(tx), _) => quote! {
+            __idem_dispatch.execute_in_tx(&__IDEM_SPEC, &mut *#tx, __idem_key, __idem_fp, __idem_body)
+        },
+        (None, None) => quote! {
             __idem_dispatch.execute(&__IDEM_SPEC, __idem_store, __idem_key, __idem_fp, __idem_body)
         },
-        Some(pred) => quote! {
+        (None, Some(pred)) => quote! {
             __idem_dispatch.execute_keeping_final(
                 &__IDEM_SPEC, __idem_store, __idem_key, __idem_fp, #pred, __idem_body,
             )
@@ -264,7 +297,7 @@ pub(crate) fn idempotent(plan: &Plan<'_>, func: &ItemFn, krate: &Path) -> TokenS
                 __idem_key.finish()
             };
             let __idem_fp = #fingerprint;
-            let __idem_store = #store;
+            #store
             let __idem_body = #body;
             #call.await
         }

@@ -32,6 +32,7 @@ use serde::Serialize;
 use crate::key::{Fingerprint, Key};
 use crate::protocol::{self, Cacheable, FromIdemError, IdemResult, Spec, StorableError};
 use crate::store::StoreRef;
+use crate::store::tx::AsTxConnection;
 
 /// Carries the annotated function's return type.
 pub struct Dispatch<R>(PhantomData<fn() -> R>);
@@ -120,6 +121,20 @@ pub trait Checked<T, E> {
         F: Future<Output = Result<T, E>> + 'a,
         T: 'a,
         E: 'a;
+
+    fn execute_in_tx<'a, C, F>(
+        &self,
+        spec: &'a Spec,
+        conn: &'a mut C,
+        key: Key,
+        fingerprint: Option<Fingerprint>,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>> + 'a
+    where
+        C: AsTxConnection + ?Sized + 'a,
+        F: AsyncFnOnce(&mut C) -> Result<T, E> + 'a,
+        T: 'a,
+        E: 'a;
 }
 
 impl<T: Cacheable, E: FromIdemError> Checked<T, E> for Dispatch<Result<T, E>> {
@@ -150,6 +165,23 @@ impl<T: Cacheable, E: FromIdemError> Checked<T, E> for Dispatch<Result<T, E>> {
         E: 'a,
     {
         protocol::run_step(name, body)
+    }
+
+    fn execute_in_tx<'a, C, F>(
+        &self,
+        spec: &'a Spec,
+        conn: &'a mut C,
+        key: Key,
+        fingerprint: Option<Fingerprint>,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>> + 'a
+    where
+        C: AsTxConnection + ?Sized + 'a,
+        F: AsyncFnOnce(&mut C) -> Result<T, E> + 'a,
+        T: 'a,
+        E: 'a,
+    {
+        protocol::execute_in_tx(spec, conn, key, fingerprint, body)
     }
 }
 
@@ -231,6 +263,22 @@ pub trait Unchecked {
     fn run_step<'a, F>(&self, _: &'static str, _: F) -> impl Future<Output = F::Output> + 'a
     where
         F: Future + 'a,
+    {
+        async { panic!("{NEVER}") }
+    }
+
+    fn execute_in_tx<'a, C, R, F>(
+        &self,
+        _: &'a Spec,
+        _: &'a mut C,
+        _: Key,
+        _: Option<Fingerprint>,
+        _: F,
+    ) -> impl Future<Output = R> + 'a
+    where
+        C: ?Sized + 'a,
+        F: AsyncFnOnce(&mut C) -> R + 'a,
+        R: 'a,
     {
         async { panic!("{NEVER}") }
     }

@@ -15,7 +15,8 @@ tokio::task_local! {
 
 pub(crate) struct FlowContext {
     pub(crate) key: Key,
-    pub(crate) store: StoreRef,
+    // `None` inside a caller's transaction: steps then run without records.
+    pub(crate) store: Option<StoreRef>,
     pub(crate) ttl: Duration,
     pub(crate) lease: Duration,
     // How many times each step name has been called in this run of the flow.
@@ -23,7 +24,12 @@ pub(crate) struct FlowContext {
 }
 
 impl FlowContext {
-    pub(crate) fn new(key: Key, store: StoreRef, ttl: Duration, lease: Duration) -> Arc<Self> {
+    pub(crate) fn new(
+        key: Key,
+        store: Option<StoreRef>,
+        ttl: Duration,
+        lease: Duration,
+    ) -> Arc<Self> {
         Arc::new(FlowContext {
             key,
             store,

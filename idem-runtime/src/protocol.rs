@@ -13,6 +13,7 @@ use crate::error::Error;
 use crate::flow::{self, FlowContext};
 use crate::key::{Fingerprint, Key};
 use crate::observe;
+use crate::store::tx::{AsTxConnection, TxConnection};
 use crate::store::{Claim, ClaimRequest, Completion, Outcome, StoreRef, StoredResult, Token};
 
 /// What kind of call a [`Spec`] describes: it picks metric names and defaults.
@@ -273,6 +274,63 @@ where
     run(spec, store, key, fingerprint, body, &KeepFinal(is_final)).await
 }
 
+/// Runs `body` at most once per `key`, recording the claim and the result on
+/// the caller's transaction, so they commit or roll back with its business
+/// writes. `body` gets the transaction back to do those writes.
+///
+/// A duplicate running concurrently blocks on the record's unique key until
+/// this transaction ends, then replays its committed result (or runs, if it
+/// rolled back). If the result cannot be recorded, the call fails with
+/// [`Error::Store`] so the caller rolls back rather than commit effects with no
+/// record. Steps inside the body run directly: the transaction already makes
+/// the call all-or-nothing.
+///
+/// Use it under READ COMMITTED (the default of PostgreSQL; MySQL's default
+/// REPEATABLE READ also works because the claim is a locking write). Under
+/// SERIALIZABLE a blocked duplicate gets a serialization failure to retry.
+pub async fn execute_in_tx<C, T, E, F>(
+    spec: &Spec,
+    conn: &mut C,
+    key: Key,
+    fingerprint: Option<Fingerprint>,
+    body: F,
+) -> Result<T, E>
+where
+    C: AsTxConnection + ?Sized,
+    T: Cacheable,
+    E: FromIdemError,
+    F: AsyncFnOnce(&mut C) -> Result<T, E>,
+{
+    let span = tracing::debug_span!("idem", scope = spec.scope, key = %key.short(), tx = true);
+    async move {
+        let token = Token::random();
+        let req = ClaimRequest {
+            key: &key,
+            token,
+            fingerprint,
+            lease: spec.lease,
+            ttl: spec.ttl,
+        };
+        let started = std::time::Instant::now();
+        let claim = conn.tx_connection().claim(req).await;
+        observe::claim_latency(spec, started.elapsed());
+        let claim = claim
+            .inspect_err(|e| claim_failed(spec, e))
+            .map_err(Error::from)?;
+        match judge(spec, claim, fingerprint)? {
+            Verdict::Decided(Acquired::Replay(stored)) => return replay(spec, stored, &ReleaseAll),
+            // A committed PROCESSING record from a call outside any transaction.
+            Verdict::Busy(lease_remaining) => return Err(in_progress(spec, lease_remaining).into()),
+            Verdict::Decided(Acquired::Owner { .. }) => {}
+        }
+        let ctx = FlowContext::new(key, None, spec.ttl, spec.lease);
+        let out = flow::scope(ctx, body(&mut *conn)).await;
+        finish(spec, conn.tx_connection(), &key, token, out, &ReleaseAll).await
+    }
+    .instrument(span)
+    .await
+}
+
 /// Runs a step of the current flow: replays its saved output if an earlier
 /// attempt of the flow finished it, runs it otherwise. Outside a flow the body
 /// simply runs.
@@ -285,11 +343,10 @@ where
     E: FromIdemError,
     F: Future<Output = Result<T, E>>,
 {
-    let Some(flow) = flow::current() else {
-        tracing::trace!(
-            step = name,
-            "step called outside an idempotent flow; running it"
-        );
+    let Some((flow, store)) = flow::current().and_then(|f| f.store.clone().map(|s| (f, s))) else {
+        // Outside a flow there is nothing to resume; inside a transaction the
+        // whole call commits or rolls back as one, so steps need no records.
+        tracing::trace!(step = name, "step outside a store-backed flow; running it");
         return body.await;
     };
     let occurrence = flow.next_occurrence(name);
@@ -303,15 +360,7 @@ where
         lease: flow.lease,
         wait: Some(flow.lease),
     };
-    run(
-        &spec,
-        Some(flow.store.clone()),
-        key,
-        None,
-        body,
-        &ReleaseAll,
-    )
-    .await
+    run(&spec, Some(store), key, None, body, &ReleaseAll).await
 }
 
 async fn run<T, E, F, P>(
@@ -338,9 +387,10 @@ where
             Acquired::Replay(stored) => replay(spec, stored, policy),
             Acquired::Owner { fence } => {
                 tracing::Span::current().record("fence", fence);
-                let ctx = FlowContext::new(key, store.clone(), spec.ttl, spec.lease);
+                let ctx = FlowContext::new(key, Some(store.clone()), spec.ttl, spec.lease);
                 let out = flow::scope(ctx, heartbeat(&store, &key, token, spec.lease, body)).await;
-                finish(spec, &store, &key, token, out, policy).await
+                let mut store = store;
+                finish(spec, &mut store, &key, token, out, policy).await
             }
         }
     }
@@ -351,6 +401,52 @@ where
 enum Acquired {
     Owner { fence: u64 },
     Replay(StoredResult),
+}
+
+/// What one claim means for the caller.
+enum Verdict {
+    Decided(Acquired),
+    Busy(Duration),
+}
+
+fn judge(spec: &Spec, claim: Claim, fingerprint: Option<Fingerprint>) -> Result<Verdict, Error> {
+    let key_reuse = || {
+        observe::call(spec, "key_reuse");
+        Error::KeyReuse {
+            scope: spec.scope.to_owned(),
+        }
+    };
+    match claim {
+        Claim::Acquired { fence, takeover } => {
+            if takeover {
+                observe::takeover(spec);
+                tracing::warn!(fence, "previous owner's lease ran out; taking over");
+            }
+            Ok(Verdict::Decided(Acquired::Owner { fence }))
+        }
+        Claim::Done(stored) if mismatch(fingerprint, stored.fingerprint) => Err(key_reuse()),
+        Claim::Done(stored) => Ok(Verdict::Decided(Acquired::Replay(stored))),
+        Claim::Busy {
+            fingerprint: theirs,
+            ..
+        } if mismatch(fingerprint, theirs) => Err(key_reuse()),
+        Claim::Busy {
+            lease_remaining, ..
+        } => Ok(Verdict::Busy(lease_remaining)),
+    }
+}
+
+fn in_progress(spec: &Spec, retry_after: Duration) -> Error {
+    observe::call(spec, "in_progress");
+    Error::InProgress {
+        scope: spec.scope.to_owned(),
+        retry_after,
+    }
+}
+
+fn claim_failed(spec: &Spec, e: &crate::StoreError) {
+    observe::call(spec, "store_error");
+    tracing::warn!(error = %e, "claim failed; the body does not run");
 }
 
 async fn acquire(
@@ -373,55 +469,21 @@ async fn acquire(
         let started = std::time::Instant::now();
         let claim = store.claim(req).await;
         observe::claim_latency(spec, started.elapsed());
-        let claim = claim.inspect_err(|e| {
-            observe::call(spec, "store_error");
-            tracing::warn!(error = %e, "claim failed; the body does not run");
-        })?;
-        match claim {
-            Claim::Acquired { fence, takeover } => {
-                if takeover {
-                    observe::takeover(spec);
-                    tracing::warn!(fence, "previous owner's lease ran out; taking over");
-                }
-                return Ok(Acquired::Owner { fence });
+        let claim = claim.inspect_err(|e| claim_failed(spec, e))?;
+        let lease_remaining = match judge(spec, claim, fingerprint)? {
+            Verdict::Decided(acquired) => return Ok(acquired),
+            Verdict::Busy(lease_remaining) => lease_remaining,
+        };
+        let now = tokio::time::Instant::now();
+        match deadline {
+            Some(deadline) if now < deadline => {
+                let nap = backoff
+                    .min(deadline - now)
+                    .min(lease_remaining.max(backoff));
+                tokio::time::sleep(nap).await;
+                backoff = (backoff * 2).min(Duration::from_millis(250));
             }
-            Claim::Done(stored) => {
-                if mismatch(fingerprint, stored.fingerprint) {
-                    observe::call(spec, "key_reuse");
-                    return Err(Error::KeyReuse {
-                        scope: spec.scope.to_owned(),
-                    });
-                }
-                return Ok(Acquired::Replay(stored));
-            }
-            Claim::Busy {
-                lease_remaining,
-                fingerprint: theirs,
-            } => {
-                if mismatch(fingerprint, theirs) {
-                    observe::call(spec, "key_reuse");
-                    return Err(Error::KeyReuse {
-                        scope: spec.scope.to_owned(),
-                    });
-                }
-                let now = tokio::time::Instant::now();
-                match deadline {
-                    Some(deadline) if now < deadline => {
-                        let nap = backoff
-                            .min(deadline - now)
-                            .min(lease_remaining.max(backoff));
-                        tokio::time::sleep(nap).await;
-                        backoff = (backoff * 2).min(Duration::from_millis(250));
-                    }
-                    _ => {
-                        observe::call(spec, "in_progress");
-                        return Err(Error::InProgress {
-                            scope: spec.scope.to_owned(),
-                            retry_after: lease_remaining,
-                        });
-                    }
-                }
-            }
+            _ => return Err(in_progress(spec, lease_remaining)),
         }
     }
 }
@@ -519,9 +581,72 @@ async fn heartbeat<F: Future>(
     }
 }
 
-async fn finish<T, E, P>(
+/// Where a finished call's outcome is written: a store, or the caller's
+/// transaction.
+trait Recorder {
+    fn max_result_bytes(&self) -> usize;
+    /// Inside a transaction a record that could not be written must fail the
+    /// call, so the caller rolls the business writes back with it; on a store
+    /// the effects are already committed and the caller gets its result.
+    fn must_record(&self) -> bool;
+    async fn complete(
+        &mut self,
+        key: &Key,
+        token: Token,
+        completion: Completion<'_>,
+    ) -> Result<bool, crate::StoreError>;
+    async fn release(&mut self, key: &Key, token: Token) -> Result<bool, crate::StoreError>;
+}
+
+impl Recorder for StoreRef {
+    fn max_result_bytes(&self) -> usize {
+        (**self).max_result_bytes()
+    }
+
+    fn must_record(&self) -> bool {
+        false
+    }
+
+    async fn complete(
+        &mut self,
+        key: &Key,
+        token: Token,
+        completion: Completion<'_>,
+    ) -> Result<bool, crate::StoreError> {
+        (**self).complete(key, token, completion).await
+    }
+
+    async fn release(&mut self, key: &Key, token: Token) -> Result<bool, crate::StoreError> {
+        (**self).release(key, token).await
+    }
+}
+
+impl<C: TxConnection + ?Sized> Recorder for C {
+    fn max_result_bytes(&self) -> usize {
+        TxConnection::max_result_bytes(self)
+    }
+
+    fn must_record(&self) -> bool {
+        true
+    }
+
+    async fn complete(
+        &mut self,
+        key: &Key,
+        token: Token,
+        completion: Completion<'_>,
+    ) -> Result<bool, crate::StoreError> {
+        TxConnection::complete(self, key, token, completion).await
+    }
+
+    async fn release(&mut self, key: &Key, token: Token) -> Result<bool, crate::StoreError> {
+        TxConnection::release(self, key, token).await
+    }
+}
+
+async fn finish<T, E, P, R>(
     spec: &Spec,
-    store: &StoreRef,
+    store: &mut R,
     key: &Key,
     token: Token,
     out: Result<T, E>,
@@ -531,6 +656,7 @@ where
     T: Cacheable,
     E: FromIdemError,
     P: ErrorPolicy<E>,
+    R: Recorder + ?Sized,
 {
     let (outcome, payload) = match &out {
         Ok(value) => match serde_json::to_vec(value) {
@@ -583,6 +709,11 @@ where
             // but the record belongs to whoever took over.
             observe::fenced(spec);
             tracing::warn!("completed after losing the claim; the newer owner's record stands");
+        }
+        Err(e) if store.must_record() => {
+            observe::call(spec, "store_error");
+            tracing::error!(error = %e, "could not record the result in the transaction; failing the call so it rolls back");
+            return Err(E::from(Error::Store(e)));
         }
         Err(e) => {
             observe::call(spec, "store_error");

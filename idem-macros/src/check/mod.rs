@@ -6,6 +6,7 @@ mod clock_types;
 pub(crate) mod durations;
 mod signature;
 mod time_like_names;
+mod transaction;
 
 use std::collections::HashSet;
 
@@ -28,6 +29,8 @@ pub(crate) struct Plan<'a> {
     pub wait_ms: Option<u64>,
     pub store: Option<Expr>,
     pub final_err: Option<Expr>,
+    /// The transaction parameter of `tx = …`.
+    pub tx: Option<syn::Ident>,
     pub ok_type: Option<&'a Type>,
     pub err_type: Option<&'a Type>,
 }
@@ -93,6 +96,8 @@ pub(crate) fn idempotent<'a>(
         check_allow_used(lit, &allow, key.iter().chain(&fingerprint), errors);
     }
 
+    let tx = transaction::check(&args, &bindings, errors);
+
     let durations = durations::check(
         args.ttl.as_ref(),
         args.lease.as_ref(),
@@ -113,6 +118,7 @@ pub(crate) fn idempotent<'a>(
         wait_ms: durations.wait,
         store: args.store,
         final_err: args.final_err,
+        tx,
         ok_type: result.as_ref().map(|r| r.ok),
         err_type: result.and_then(|r| r.err),
     }

@@ -10,12 +10,13 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::{Connection, Row as _};
+use sqlx::{Connection, Row as _, SqliteConnection};
 
 use super::migrate;
 use crate::clock::{Clock, SystemClock, duration_millis};
 use crate::error::StoreError;
 use crate::key::{Fingerprint, Key};
+use crate::store::tx::{AsTxConnection, TxConnection};
 use crate::store::{
     AsStore, Claim, ClaimRequest, Completion, DEFAULT_MAX_RESULT_BYTES, Outcome, RecordInfo,
     RecordState, Store, StoreRef, StoredResult, Token,
@@ -263,13 +264,8 @@ impl SqliteStore {
     }
 
     async fn read(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        sqlx::query(READ)
-            .bind(&key.as_bytes()[..])
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?
-            .map(|r| Record::decode(&r).map_err(|e| self.err(e)))
-            .transpose()
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        read_on(&mut conn, key).await.map_err(|e| self.err(e))
     }
 }
 
@@ -340,6 +336,110 @@ fn fence(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
 }
 
+// The statements, on one connection: a pooled one for the store, or the
+// caller's inside its transaction (`TxConnection`).
+
+async fn read_on(conn: &mut SqliteConnection, key: &Key) -> Result<Option<Record>, sqlx::Error> {
+    sqlx::query(READ)
+        .bind(&key.as_bytes()[..])
+        .fetch_optional(&mut *conn)
+        .await?
+        .map(|r| Record::decode(&r))
+        .transpose()
+}
+
+async fn claim_on(
+    conn: &mut SqliteConnection,
+    clock: &dyn Clock,
+    req: ClaimRequest<'_>,
+) -> Result<Claim, sqlx::Error> {
+    // The upsert and the loser's read are two statements; a row released or
+    // expired in between is simply claimed on the next turn.
+    for _ in 0..8 {
+        let now = clock.now_millis();
+        let won = sqlx::query(CLAIM)
+            .bind(&req.key.as_bytes()[..])
+            .bind(&req.token.0[..])
+            .bind(now.saturating_add(duration_millis(req.lease)))
+            .bind(now.saturating_add(duration_millis(req.ttl)))
+            .bind(req.fingerprint.as_ref().map(|f| &f.as_bytes()[..]))
+            .bind(now)
+            .fetch_optional(&mut *conn)
+            .await?;
+        if let Some(row) = won {
+            let f: i64 = row.try_get("fence")?;
+            let taken_over: bool = row.try_get("taken_over")?;
+            return Ok(Claim::Acquired {
+                fence: fence(f),
+                takeover: taken_over,
+            });
+        }
+        let Some(row) = read_on(conn, req.key).await? else {
+            continue;
+        };
+        if !row.live(now) {
+            continue;
+        }
+        match row.state {
+            DONE => {
+                return row
+                    .stored()
+                    .map(Claim::Done)
+                    .ok_or_else(|| corrupt("a DONE record without an outcome"));
+            }
+            PROCESSING if row.lease_until > now => {
+                return Ok(Claim::Busy {
+                    lease_remaining: remaining(row.lease_until, now),
+                    fingerprint: row.fingerprint,
+                });
+            }
+            _ => continue,
+        }
+    }
+    Err(sqlx::Error::Protocol(
+        "the record kept changing under eight claim attempts in a row".into(),
+    ))
+}
+
+async fn complete_on(
+    conn: &mut SqliteConnection,
+    clock: &dyn Clock,
+    key: &Key,
+    token: Token,
+    completion: Completion<'_>,
+) -> Result<bool, sqlx::Error> {
+    let expires_at = clock
+        .now_millis()
+        .saturating_add(duration_millis(completion.ttl));
+    let done = sqlx::query(
+        "UPDATE idem_records SET state = 2, outcome = ?1, result = ?2, expires_at = ?3
+         WHERE key = ?4 AND state = 1 AND token = ?5",
+    )
+    .bind(i64::from(completion.outcome.code()))
+    .bind(completion.payload)
+    .bind(expires_at)
+    .bind(&key.as_bytes()[..])
+    .bind(&token.0[..])
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+async fn release_on(
+    conn: &mut SqliteConnection,
+    key: &Key,
+    token: Token,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE idem_records SET state = 0 WHERE key = ?1 AND state = 1 AND token = ?2",
+    )
+    .bind(&key.as_bytes()[..])
+    .bind(&token.0[..])
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
 #[async_trait]
 impl Store for SqliteStore {
     fn backend(&self) -> &'static str {
@@ -351,55 +451,10 @@ impl Store for SqliteStore {
     }
 
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        // The upsert and the loser's read are two statements; a row released or
-        // expired in between is simply claimed on the next turn.
-        for _ in 0..8 {
-            let now = self.now();
-            let won = sqlx::query(CLAIM)
-                .bind(&req.key.as_bytes()[..])
-                .bind(&req.token.0[..])
-                .bind(now.saturating_add(duration_millis(req.lease)))
-                .bind(now.saturating_add(duration_millis(req.ttl)))
-                .bind(req.fingerprint.as_ref().map(|f| &f.as_bytes()[..]))
-                .bind(now)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-            if let Some(row) = won {
-                let f: i64 = row.try_get("fence").map_err(|e| self.err(e))?;
-                let taken_over: bool = row.try_get("taken_over").map_err(|e| self.err(e))?;
-                return Ok(Claim::Acquired {
-                    fence: fence(f),
-                    takeover: taken_over,
-                });
-            }
-            let Some(row) = self.read(req.key).await? else {
-                continue;
-            };
-            if !row.live(now) {
-                continue;
-            }
-            match row.state {
-                DONE => {
-                    if let Some(stored) = row.stored() {
-                        return Ok(Claim::Done(stored));
-                    }
-                    return Err(self.err(corrupt("a DONE record without an outcome")));
-                }
-                PROCESSING if row.lease_until > now => {
-                    return Ok(Claim::Busy {
-                        lease_remaining: remaining(row.lease_until, now),
-                        fingerprint: row.fingerprint,
-                    });
-                }
-                _ => continue,
-            }
-        }
-        Err(StoreError::new(
-            BACKEND,
-            &*self.location,
-            "the record kept changing under eight claim attempts in a row",
-        ))
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        claim_on(&mut conn, &*self.clock, req)
+            .await
+            .map_err(|e| self.err(e))
     }
 
     async fn complete(
@@ -408,32 +463,17 @@ impl Store for SqliteStore {
         token: Token,
         completion: Completion<'_>,
     ) -> Result<bool, StoreError> {
-        let expires_at = self.now().saturating_add(duration_millis(completion.ttl));
-        let done = sqlx::query(
-            "UPDATE idem_records SET state = 2, outcome = ?1, result = ?2, expires_at = ?3
-             WHERE key = ?4 AND state = 1 AND token = ?5",
-        )
-        .bind(i64::from(completion.outcome.code()))
-        .bind(completion.payload)
-        .bind(expires_at)
-        .bind(&key.as_bytes()[..])
-        .bind(&token.0[..])
-        .execute(&self.pool)
-        .await
-        .map_err(|e| self.err(e))?;
-        Ok(done.rows_affected() == 1)
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        complete_on(&mut conn, &*self.clock, key, token, completion)
+            .await
+            .map_err(|e| self.err(e))
     }
 
     async fn release(&self, key: &Key, token: Token) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "UPDATE idem_records SET state = 0 WHERE key = ?1 AND state = 1 AND token = ?2",
-        )
-        .bind(&key.as_bytes()[..])
-        .bind(&token.0[..])
-        .execute(&self.pool)
-        .await
-        .map_err(|e| self.err(e))?;
-        Ok(done.rows_affected() == 1)
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        release_on(&mut conn, key, token)
+            .await
+            .map_err(|e| self.err(e))
     }
 
     async fn renew(&self, key: &Key, token: Token, lease: Duration) -> Result<bool, StoreError> {
@@ -491,6 +531,56 @@ impl Store for SqliteStore {
         .await
         .map_err(|e| self.err(e))?;
         Ok(done.rows_affected())
+    }
+}
+
+/// Claims inside the caller's SQLite transaction (`#[idempotent(tx = tx)]`).
+/// SQLite has one writer at a time, so a concurrent duplicate waits for this
+/// transaction (up to the busy timeout) and then replays or claims. Time is
+/// this process's clock.
+#[async_trait]
+impl TxConnection for SqliteConnection {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn claim(&mut self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        claim_on(self, &SystemClock, req).await.map_err(tx_err)
+    }
+
+    async fn complete(
+        &mut self,
+        key: &Key,
+        token: Token,
+        completion: Completion<'_>,
+    ) -> Result<bool, StoreError> {
+        complete_on(self, &SystemClock, key, token, completion)
+            .await
+            .map_err(tx_err)
+    }
+
+    async fn release(&mut self, key: &Key, token: Token) -> Result<bool, StoreError> {
+        release_on(self, key, token).await.map_err(tx_err)
+    }
+}
+
+fn tx_err(e: sqlx::Error) -> StoreError {
+    StoreError::new(BACKEND, "the caller's transaction", e)
+}
+
+impl AsTxConnection for SqliteConnection {
+    type Connection = SqliteConnection;
+
+    fn tx_connection(&mut self) -> &mut SqliteConnection {
+        self
+    }
+}
+
+impl AsTxConnection for sqlx::Transaction<'_, sqlx::Sqlite> {
+    type Connection = SqliteConnection;
+
+    fn tx_connection(&mut self) -> &mut SqliteConnection {
+        self
     }
 }
 

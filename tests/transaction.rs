@@ -1,0 +1,157 @@
+//! `#[idempotent(tx = tx)]`: the record commits or rolls back with the
+//! caller's business writes.
+//!
+//! SQLite runs here with no server; PostgreSQL, where a concurrent duplicate
+//! blocks on the record's unique key, runs against the local server (skipped
+//! loudly when it is unreachable, failed under IDEM_REQUIRE_SERVICES=1).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem_runtime::idempotent;
+use idem_runtime::store::sql::SqliteStore;
+use idem_runtime::{Key, RecordState, Store};
+use sqlx::{Sqlite, Transaction};
+
+#[derive(Debug, thiserror::Error)]
+enum AppError {
+    #[error(transparent)]
+    Idem(#[from] idem_runtime::Error),
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+    #[error("card declined")]
+    Declined,
+}
+
+static SQLITE_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+/// Inserts the order on the caller's transaction; the record rides along.
+#[idempotent(key = "order_no", tx = tx, scope = "tx-tests.sqlite.create")]
+async fn create_order(
+    tx: &mut Transaction<'_, Sqlite>,
+    order_no: String,
+    decline: bool,
+) -> Result<i64, AppError> {
+    SQLITE_RUNS.fetch_add(1, Ordering::SeqCst);
+    let id: i64 = sqlx::query_scalar("INSERT INTO orders (order_no) VALUES (?1) RETURNING id")
+        .bind(&order_no)
+        .fetch_one(&mut **tx)
+        .await?;
+    if decline {
+        return Err(AppError::Declined);
+    }
+    Ok(id)
+}
+
+async fn sqlite() -> SqliteStore {
+    let store = SqliteStore::in_memory().await.expect("in-memory sqlite");
+    sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY, order_no TEXT NOT NULL UNIQUE)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    store
+}
+
+async fn count_orders(store: &SqliteStore) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(*) FROM orders")
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
+fn key(order_no: &str) -> Key {
+    Key::builder("tx-tests.sqlite.create")
+        .part(order_no)
+        .finish()
+}
+
+#[tokio::test]
+async fn sqlite_committed_call_replays_and_rolled_back_call_leaves_nothing() {
+    let store = sqlite().await;
+
+    // Rolled back: neither the order nor the record survives, so a retry runs.
+    let runs = SQLITE_RUNS.load(Ordering::SeqCst);
+    let mut tx = store.pool().begin().await.unwrap();
+    let id = create_order(&mut tx, "o-1".into(), false).await.unwrap();
+    assert!(id > 0);
+    tx.rollback().await.unwrap();
+    assert_eq!(count_orders(&store).await, 0);
+    assert!(
+        store.inspect(&key("o-1")).await.unwrap().is_none(),
+        "record rolled back too"
+    );
+
+    // Committed: the order and a DONE record, together.
+    let mut tx = store.pool().begin().await.unwrap();
+    let first = create_order(&mut tx, "o-1".into(), false).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(count_orders(&store).await, 1);
+    let info = store
+        .inspect(&key("o-1"))
+        .await
+        .unwrap()
+        .expect("record committed");
+    assert_eq!(info.state, RecordState::Done);
+
+    // A duplicate in a later transaction replays without touching the table.
+    let mut tx = store.pool().begin().await.unwrap();
+    let again = create_order(&mut tx, "o-1".into(), false).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(again, first);
+    assert_eq!(count_orders(&store).await, 1);
+    assert_eq!(
+        SQLITE_RUNS.load(Ordering::SeqCst) - runs,
+        2,
+        "rolled back + committed"
+    );
+}
+
+#[tokio::test]
+async fn sqlite_error_releases_inside_the_transaction() {
+    let store = sqlite().await;
+    let mut tx = store.pool().begin().await.unwrap();
+    let err = create_order(&mut tx, "o-2".into(), true).await.unwrap_err();
+    assert!(matches!(err, AppError::Declined));
+    // Even a caller that commits after an error leaves the key free to retry.
+    tx.commit().await.unwrap();
+    assert!(store.inspect(&key("o-2")).await.unwrap().is_none());
+    let mut tx = store.pool().begin().await.unwrap();
+    // The declined attempt's order row committed with it; the retry's insert hits
+    // the UNIQUE constraint, which proves the body ran again.
+    let retry = create_order(&mut tx, "o-2".into(), false).await;
+    assert!(matches!(retry, Err(AppError::Db(_))), "{retry:?}");
+}
+
+#[tokio::test]
+async fn sqlite_concurrent_duplicate_waits_for_the_writer_and_replays() {
+    let store = sqlite().await;
+    // A file database: two connections, so the second writer must wait on the first.
+    let path = std::env::temp_dir().join(format!("idem-tx-{}.db", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let file = SqliteStore::open(&path).await.unwrap();
+    sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY, order_no TEXT NOT NULL UNIQUE)")
+        .execute(file.pool())
+        .await
+        .unwrap();
+    drop(store);
+
+    let mut first = file.pool().begin().await.unwrap();
+    let id = create_order(&mut first, "o-3".into(), false).await.unwrap();
+    let pool = file.pool().clone();
+    let duplicate = tokio::spawn(async move {
+        let mut tx = pool.begin().await.unwrap();
+        let r = create_order(&mut tx, "o-3".into(), false).await;
+        tx.commit().await.unwrap();
+        r
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !duplicate.is_finished(),
+        "the duplicate must wait for the first writer"
+    );
+    first.commit().await.unwrap();
+    let replayed = duplicate.await.unwrap().unwrap();
+    assert_eq!(replayed, id);
+    assert_eq!(count_orders(&file).await, 1);
+    let _ = std::fs::remove_file(&path);
+}
