@@ -1,1 +1,549 @@
-//! mysql store tests: being written (issue 3).
+//! The MySQL/MariaDB store on a real server: the whole conformance suite,
+//! claims inside the caller's transaction, migrations from several processes
+//! at once, a crashed owner taken over, and failing closed.
+//!
+//! The server is `IDEM_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`).
+//! When it is unreachable each test says so and returns, or fails under
+//! `IDEM_REQUIRE_SERVICES=1`.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::time::Duration;
+
+use idem_runtime::protocol::{Kind, Spec, execute};
+use idem_runtime::store::sql::MySqlStore;
+use idem_runtime::store::tx::{AsTxConnection, TxConnection};
+use idem_runtime::{
+    Claim, ClaimRequest, Completion, Error, Key, Outcome, RecordState, Store, StoreRef, Token,
+    idempotent,
+};
+use idem_tests::conformance::{Subject, fresh_key};
+use idem_tests::services;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+
+/// A store on the test server, migrated, or `None` (said loudly) when the
+/// server is unreachable.
+async fn store() -> Option<MySqlStore> {
+    let url = services::mysql_url();
+    services::reachable("MariaDB", &url, MySqlStore::connect(&url).await)
+}
+
+/// Server time, so the cases wait in real time: 250 ms per unit keeps the
+/// leases (3 units) well clear of the server's millisecond clock and the
+/// round trips.
+async fn subject() -> Option<Subject> {
+    let store = store().await?;
+    Some(Subject::real(
+        StoreRef::new(store),
+        Duration::from_millis(250),
+    ))
+}
+
+idem_tests::conformance_suite!(mysql_store, subject());
+
+fn request(key: &Key, token: Token) -> ClaimRequest<'_> {
+    ClaimRequest {
+        key,
+        token,
+        fingerprint: None,
+        lease: Duration::from_secs(30),
+        ttl: Duration::from_secs(3600),
+    }
+}
+
+fn success(payload: &[u8]) -> Completion<'_> {
+    Completion {
+        outcome: Outcome::Success,
+        payload,
+        ttl: Duration::from_secs(3600),
+    }
+}
+
+// --- the claim's assignment order ---------------------------------------------
+
+/// The owner's own token, re-sent after it completed (a client retrying a
+/// claim whose answer was lost, very late), must replay: the upsert assigns
+/// `token` before the other columns, and a row that already carried our token
+/// must not be mistaken for one we just won.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn own_token_after_completion_replays() {
+    let Some(store) = store().await else { return };
+    let key = fresh_key("mysql-own-token-done");
+    let token = Token::random();
+    let Claim::Acquired { fence, .. } = store.claim(request(&key, token)).await.unwrap() else {
+        panic!("expected to acquire");
+    };
+    assert!(store.complete(&key, token, success(b"done")).await.unwrap());
+    let again = store.claim(request(&key, token)).await.unwrap();
+    let Claim::Done(stored) = again else {
+        panic!("the completed record was reopened: {again:?}");
+    };
+    assert_eq!(stored.payload, b"done");
+    let info = store.inspect(&key).await.unwrap().expect("record");
+    assert_eq!((info.state, info.fence), (RecordState::Done, fence));
+}
+
+/// A takeover re-sent under the same token is the same takeover: same fence,
+/// still reported as a takeover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retried_takeover_keeps_its_fence_and_flag() {
+    let Some(store) = store().await else { return };
+    let key = fresh_key("mysql-retried-takeover");
+    let short = |token| ClaimRequest {
+        lease: Duration::from_millis(300),
+        ..request(&key, token)
+    };
+    let Claim::Acquired { fence: first, .. } = store.claim(short(Token::random())).await.unwrap()
+    else {
+        panic!("expected to acquire");
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let token = Token::random();
+    for _ in 0..2 {
+        let claim = store.claim(short(token)).await.unwrap();
+        let Claim::Acquired { fence, takeover } = claim else {
+            panic!("expected the takeover, got {claim:?}");
+        };
+        assert_eq!(fence, first + 1);
+        assert!(takeover);
+    }
+}
+
+/// On the pool, a claim that runs out of lock wait (1205) behind a caller's
+/// transaction is run again and then sees what that transaction committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lock_wait_timeout_on_the_pool_is_retried() {
+    let Some(holder) = store().await else { return };
+    let pool = MySqlPoolOptions::new()
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::query("SET SESSION innodb_lock_wait_timeout = 1")
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            })
+        })
+        .connect(&services::mysql_url())
+        .await
+        .unwrap();
+    let impatient = MySqlStore::builder().pool(pool).await.unwrap();
+
+    let key = fresh_key("mysql-lock-wait");
+    let token = Token::random();
+    let mut tx = holder.pool().begin().await.unwrap();
+    let claim = tx
+        .tx_connection()
+        .claim(request(&key, token))
+        .await
+        .unwrap();
+    assert!(matches!(claim, Claim::Acquired { .. }), "got {claim:?}");
+
+    let started = std::time::Instant::now();
+    let waiter = tokio::spawn(async move { impatient.claim(request(&key, Token::random())).await });
+    // Longer than one lock wait (1 s), shorter than all the attempts together.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        tx.tx_connection()
+            .complete(&key, token, success(b"held"))
+            .await
+            .unwrap()
+    );
+    tx.commit().await.unwrap();
+    let claim = waiter
+        .await
+        .unwrap()
+        .expect("the lock wait timeout was not retried");
+    let Claim::Done(stored) = claim else {
+        panic!("expected a replay, got {claim:?}");
+    };
+    assert_eq!(stored.payload, b"held");
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "it never waited"
+    );
+}
+
+// --- the caller's transaction ----------------------------------------------
+
+/// The reference's "record exists but the business did not run": a claim and
+/// completion inside a transaction that rolls back leave nothing behind, and a
+/// retry runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rolled_back_transaction_leaves_no_record() {
+    let Some(store) = store().await else { return };
+    let key = fresh_key("mysql-tx-rollback");
+    let token = Token::random();
+    let mut tx = store.pool().begin().await.unwrap();
+    let claim = tx
+        .tx_connection()
+        .claim(request(&key, token))
+        .await
+        .unwrap();
+    assert!(matches!(claim, Claim::Acquired { .. }), "got {claim:?}");
+    assert!(
+        tx.tx_connection()
+            .complete(&key, token, success(b"1"))
+            .await
+            .unwrap()
+    );
+    tx.rollback().await.unwrap();
+
+    assert!(
+        store.inspect(&key).await.unwrap().is_none(),
+        "a rolled-back claim left a record"
+    );
+    let retry = store.claim(request(&key, Token::random())).await.unwrap();
+    assert!(matches!(retry, Claim::Acquired { .. }), "got {retry:?}");
+}
+
+/// Committed with the business writes, the record replays to a later caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn committed_transaction_replays() {
+    let Some(store) = store().await else { return };
+    let key = fresh_key("mysql-tx-commit");
+    let token = Token::random();
+    let mut tx = store.pool().begin().await.unwrap();
+    let claim = tx
+        .tx_connection()
+        .claim(request(&key, token))
+        .await
+        .unwrap();
+    assert!(matches!(claim, Claim::Acquired { .. }), "got {claim:?}");
+    assert!(
+        tx.tx_connection()
+            .complete(&key, token, success(b"{\"order\":9}"))
+            .await
+            .unwrap()
+    );
+    tx.commit().await.unwrap();
+
+    let Claim::Done(stored) = store.claim(request(&key, Token::random())).await.unwrap() else {
+        panic!("expected a replay");
+    };
+    assert_eq!(stored.payload, b"{\"order\":9}");
+}
+
+/// A release inside the transaction frees the key for a retry in the same one
+/// (the protocol releases on `Err`), and the fence never goes backwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn release_inside_a_transaction() {
+    let Some(store) = store().await else { return };
+    let key = fresh_key("mysql-tx-release");
+    let (first, second) = (Token::random(), Token::random());
+    let mut tx = store.pool().begin().await.unwrap();
+    let conn = tx.tx_connection();
+    let Claim::Acquired { fence: f1, .. } = conn.claim(request(&key, first)).await.unwrap() else {
+        panic!("expected to acquire");
+    };
+    assert!(conn.release(&key, first).await.unwrap());
+    assert!(!conn.release(&key, first).await.unwrap(), "released twice");
+    let Claim::Acquired { fence: f2, .. } = conn.claim(request(&key, second)).await.unwrap() else {
+        panic!("expected to acquire again");
+    };
+    assert!(f2 > f1, "fence went from {f1} to {f2}");
+    tx.commit().await.unwrap();
+    assert_eq!(
+        store.inspect(&key).await.unwrap().map(|i| i.state),
+        Some(RecordState::Processing)
+    );
+}
+
+/// A duplicate in a second transaction blocks on the record's row lock until
+/// the first transaction ends, then replays its committed result (`commit`)
+/// or claims the key itself (rollback).
+async fn duplicate_waits_for_the_first_transaction(commit: bool) {
+    let Some(store) = store().await else { return };
+    let key = fresh_key("mysql-tx-duplicate");
+    let first = Token::random();
+    let mut tx1 = store.pool().begin().await.unwrap();
+    let claim = tx1
+        .tx_connection()
+        .claim(request(&key, first))
+        .await
+        .unwrap();
+    assert!(matches!(claim, Claim::Acquired { .. }), "got {claim:?}");
+
+    let pool = store.pool().clone();
+    let duplicate = tokio::spawn(async move {
+        let mut tx2 = pool.begin().await.unwrap();
+        let claim = tx2
+            .tx_connection()
+            .claim(request(&key, Token::random()))
+            .await;
+        tx2.rollback().await.unwrap();
+        claim
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        !duplicate.is_finished(),
+        "the duplicate did not wait for the first transaction: {:?}",
+        duplicate.await
+    );
+
+    assert!(
+        tx1.tx_connection()
+            .complete(&key, first, success(b"\"first\""))
+            .await
+            .unwrap()
+    );
+    if commit {
+        tx1.commit().await.unwrap();
+    } else {
+        tx1.rollback().await.unwrap();
+    }
+    let claim = tokio::time::timeout(Duration::from_secs(10), duplicate)
+        .await
+        .expect("the duplicate is still blocked after the first transaction ended")
+        .unwrap()
+        .expect("the duplicate's claim failed");
+    match (commit, claim) {
+        (true, Claim::Done(stored)) => assert_eq!(stored.payload, b"\"first\""),
+        (false, Claim::Acquired { takeover, .. }) => assert!(!takeover),
+        (_, other) => panic!("commit={commit}: got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn duplicate_waits_then_replays_the_commit() {
+    duplicate_waits_for_the_first_transaction(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn duplicate_waits_then_claims_after_a_rollback() {
+    duplicate_waits_for_the_first_transaction(false).await;
+}
+
+/// Two transactions claiming two keys in opposite orders deadlock. InnoDB has
+/// already rolled the victim back, so the claim must not be retried on its
+/// connection (it would run outside the caller's transaction): the victim gets
+/// a store error that `is_retryable` recognises, the survivor gets its claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deadlock_inside_a_transaction_reaches_the_caller() {
+    let Some(store) = store().await else { return };
+    let (a, b) = (fresh_key("mysql-deadlock-a"), fresh_key("mysql-deadlock-b"));
+    let mut tx1 = store.pool().begin().await.unwrap();
+    let mut tx2 = store.pool().begin().await.unwrap();
+    for (tx, key) in [(&mut tx1, &a), (&mut tx2, &b)] {
+        let claim = tx
+            .tx_connection()
+            .claim(request(key, Token::random()))
+            .await
+            .unwrap();
+        assert!(matches!(claim, Claim::Acquired { .. }), "got {claim:?}");
+    }
+    let one = tokio::spawn(async move {
+        let r = tx1
+            .tx_connection()
+            .claim(request(&b, Token::random()))
+            .await;
+        let _ = tx1.rollback().await;
+        r
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let two = tokio::spawn(async move {
+        let r = tx2
+            .tx_connection()
+            .claim(request(&a, Token::random()))
+            .await;
+        let _ = tx2.rollback().await;
+        r
+    });
+    let results = [one.await.unwrap(), two.await.unwrap()];
+    let victims: Vec<_> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert_eq!(victims.len(), 1, "{results:?}");
+    let victim = victims[0];
+    assert_eq!(victim.backend(), "mysql");
+    assert!(MySqlStore::is_retryable(victim), "{victim}");
+    assert!(victim.to_string().contains("1213"), "{victim}");
+    assert!(
+        results
+            .iter()
+            .any(|r| matches!(r, Ok(Claim::Acquired { .. }))),
+        "{results:?}"
+    );
+}
+
+// --- migrations, crashes, failing closed -------------------------------------
+
+/// Four processes opening a fresh database at once: every one succeeds (they
+/// take turns under `GET_LOCK`; without it two would race to insert the same
+/// ledger row), the migration is recorded once, and the table works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_migrations_are_harmless() {
+    let Some(admin) = store().await else { return };
+    let database = format!(
+        "idem_migrate_{:016x}",
+        u64::from_le_bytes(Token::random().0[..8].try_into().unwrap())
+    );
+    sqlx::raw_sql(&format!("CREATE DATABASE `{database}`"))
+        .execute(admin.pool())
+        .await
+        .expect("the test user may create a scratch database");
+    let options = MySqlConnectOptions::from_str(&services::mysql_url())
+        .unwrap()
+        .database(&database);
+    let open = || MySqlStore::builder().connect_with(options.clone());
+    let (s1, s2, s3, s4) = tokio::join!(open(), open(), open(), open());
+    let stores = [s1, s2, s3, s4].map(|s| s.expect("a concurrent migration failed"));
+
+    let (rows, version): (i64, i64) =
+        sqlx::query_as("SELECT COUNT(*), MAX(version) FROM idem_schema_migrations")
+            .fetch_one(stores[0].pool())
+            .await
+            .unwrap();
+    assert_eq!((rows, version), (1, 1));
+    stores[1]
+        .migrate()
+        .await
+        .expect("migrating again is a no-op");
+
+    let key = fresh_key("mysql-migrated");
+    assert!(matches!(
+        stores[2]
+            .claim(request(&key, Token::random()))
+            .await
+            .unwrap(),
+        Claim::Acquired { .. }
+    ));
+    assert!(matches!(
+        stores[3]
+            .claim(request(&key, Token::random()))
+            .await
+            .unwrap(),
+        Claim::Busy { .. }
+    ));
+
+    for s in &stores {
+        s.pool().close().await;
+    }
+    sqlx::raw_sql(&format!("DROP DATABASE `{database}`"))
+        .execute(admin.pool())
+        .await
+        .unwrap();
+}
+
+/// The owner loses its database connection after the claim (here: its pool
+/// is closed inside the body, as if the process died). Its result cannot be
+/// recorded, so the record stays PROCESSING; duplicates are told to wait, and
+/// once the lease runs out a later caller takes over and runs the body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connection_lost_after_the_claim_is_taken_over_after_the_lease() {
+    let Some(owner) = store().await else { return };
+    let Some(later) = store().await else { return };
+    let spec = Spec {
+        lease: Duration::from_millis(600),
+        ..Spec::new("idem-tests::mysql::lost-connection", Kind::Call)
+    };
+    let key = fresh_key("mysql-lost-connection");
+    let runs = Arc::new(AtomicUsize::new(0));
+
+    let pool = owner.pool().clone();
+    let first: Result<u32, Error> = execute(&spec, Some(StoreRef::new(owner)), key, None, {
+        let runs = runs.clone();
+        async move {
+            runs.fetch_add(1, SeqCst);
+            pool.close().await;
+            Ok(1)
+        }
+    })
+    .await;
+    assert_eq!(
+        first.unwrap(),
+        1,
+        "the body's result still reaches its caller"
+    );
+    let info = later
+        .inspect(&key)
+        .await
+        .unwrap()
+        .expect("the claim is left");
+    assert_eq!(info.state, RecordState::Processing);
+
+    let later = StoreRef::new(later);
+    let early: Result<u32, Error> =
+        execute(&spec, Some(later.clone()), key, None, async { Ok(2) }).await;
+    assert!(matches!(early, Err(Error::InProgress { .. })), "{early:?}");
+
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let taken: Result<u32, Error> = execute(&spec, Some(later.clone()), key, None, {
+        let runs = runs.clone();
+        async move {
+            runs.fetch_add(1, SeqCst);
+            Ok(3)
+        }
+    })
+    .await;
+    assert_eq!(taken.unwrap(), 3);
+    assert_eq!(runs.load(SeqCst), 2);
+    let replay: Result<u32, Error> = execute(&spec, Some(later), key, None, async { Ok(4) }).await;
+    assert_eq!(replay.unwrap(), 3);
+}
+
+#[derive(Debug, thiserror::Error)]
+enum AppError {
+    #[error(transparent)]
+    Idem(#[from] Error),
+}
+
+#[idempotent(key = "order_id", ttl = "1h", store = store)]
+async fn charge(store: &MySqlStore, order_id: u64, runs: &AtomicUsize) -> Result<u64, AppError> {
+    runs.fetch_add(1, SeqCst);
+    Ok(order_id)
+}
+
+const CLOSED_PORT_URL: &str = "mysql://app:s3cret@127.0.0.1:1/test";
+
+fn assert_safe_store_error(e: &idem_runtime::StoreError) {
+    assert_eq!(e.backend(), "mysql");
+    assert_eq!(e.location(), "127.0.0.1:1/test");
+    for text in [e.to_string(), format!("{e:?}")] {
+        assert!(text.contains("mysql"), "{text}");
+        assert!(text.contains("127.0.0.1:1"), "{text}");
+        assert!(!text.contains("s3cret"), "the password leaked: {text}");
+    }
+}
+
+/// Nothing listens on the port: opening the store is a store error naming the
+/// backend and the address, never the password.
+#[tokio::test]
+async fn unreachable_server_is_a_store_error_without_the_password() {
+    let err = MySqlStore::builder()
+        .acquire_timeout(Duration::from_millis(300))
+        .connect(CLOSED_PORT_URL)
+        .await
+        .unwrap_err();
+    assert_safe_store_error(&err);
+    assert!(
+        err.to_string().contains("refused"),
+        "the reason is lost: {err}"
+    );
+
+    let err = MySqlStore::connect("mysql://app:s3cret@[bad")
+        .await
+        .unwrap_err();
+    assert!(!err.to_string().contains("s3cret"), "{err}");
+}
+
+/// An annotated call on a store whose server is gone fails with
+/// `Error::Store`, and its body never runs.
+#[tokio::test]
+async fn annotated_call_fails_closed_when_the_server_is_gone() {
+    let pool = MySqlPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(300))
+        .connect_lazy(CLOSED_PORT_URL)
+        .unwrap();
+    // Migrations off: the store is built without reaching the server, like one
+    // whose server went away after start-up.
+    let store = MySqlStore::builder()
+        .migrate(false)
+        .pool(pool)
+        .await
+        .unwrap();
+    let runs = AtomicUsize::new(0);
+    match charge(&store, 42, &runs).await {
+        Err(AppError::Idem(Error::Store(e))) => assert_safe_store_error(&e),
+        other => panic!("expected a store error, got {other:?}"),
+    }
+    assert_eq!(runs.load(SeqCst), 0, "the body ran without a claim");
+}

@@ -23,3 +23,17 @@ pub(crate) const SQLITE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS idem_schema_m
     description TEXT    NOT NULL,
     applied_at  INTEGER NOT NULL
 )";
+
+#[cfg(feature = "mysql")]
+pub(crate) const MYSQL: &[Migration] = &[Migration {
+    version: 1,
+    description: "create idem_records",
+    sql: include_str!("../../../migrations/mysql/0001_create_records.sql"),
+}];
+
+#[cfg(feature = "mysql")]
+pub(crate) const MYSQL_LEDGER: &str = "CREATE TABLE IF NOT EXISTS idem_schema_migrations (
+    version     BIGINT       NOT NULL PRIMARY KEY,
+    description VARCHAR(255) NOT NULL,
+    applied_at  BIGINT       NOT NULL
+) ENGINE = InnoDB";
