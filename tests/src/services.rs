@@ -50,6 +50,7 @@ pub fn required() -> bool {
 /// The value, or — when the server is unreachable — a loud skip (`None`), or a
 /// panic when services are required.
 pub fn reachable<T, E: Display>(service: &str, at: &str, result: Result<T, E>) -> Option<T> {
+    let at = redact(at);
     match result {
         Ok(v) => Some(v),
         Err(e) if required() => {
@@ -61,5 +62,29 @@ pub fn reachable<T, E: Display>(service: &str, at: &str, result: Result<T, E>) -
             );
             None
         }
+    }
+}
+
+/// The URL with any password replaced, fit for a log line.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.split_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{scheme}://{user}:***@{host}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn redact_hides_the_password_only() {
+        assert_eq!(super::redact("mysql://app:s3cret@db:3306/x"), "mysql://app:***@db:3306/x");
+        assert_eq!(super::redact("redis://:s3cret@h:1"), "redis://:***@h:1");
+        assert_eq!(super::redact("postgres://u@h/x"), "postgres://u@h/x");
     }
 }
