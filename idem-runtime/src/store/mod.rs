@@ -21,7 +21,10 @@ pub use async_trait::async_trait;
 pub mod redis;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub mod sql;
+mod sweeper;
 pub mod tx;
+
+pub use sweeper::spawn_sweeper;
 
 /// Results larger than this are not stored unless a store says otherwise.
 pub const DEFAULT_MAX_RESULT_BYTES: usize = 1024 * 1024;

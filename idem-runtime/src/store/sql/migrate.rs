@@ -24,6 +24,27 @@ pub(crate) const SQLITE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS idem_schema_m
     applied_at  INTEGER NOT NULL
 )";
 
+#[cfg(feature = "postgres")]
+pub(crate) const POSTGRES: &[Migration] = &[Migration {
+    version: 1,
+    description: "create idem_records",
+    sql: include_str!("../../../migrations/postgres/0001_create_records.sql"),
+}];
+
+#[cfg(feature = "postgres")]
+pub(crate) const POSTGRES_LEDGER: &str = "CREATE TABLE idem_schema_migrations (
+    version     BIGINT NOT NULL PRIMARY KEY,
+    description TEXT   NOT NULL,
+    applied_at  BIGINT NOT NULL
+)";
+
+/// The `pg_advisory_xact_lock` key that serialises migrations across processes
+/// (the ASCII of "idemmigr"): two replicas starting at once would otherwise race
+/// to create the tables, and concurrent `CREATE TABLE IF NOT EXISTS` statements
+/// can still fail on PostgreSQL with a unique violation in its catalog.
+#[cfg(feature = "postgres")]
+pub(crate) const POSTGRES_LOCK: i64 = 0x6964_656d_6d69_6772;
+
 #[cfg(feature = "mysql")]
 pub(crate) const MYSQL: &[Migration] = &[Migration {
     version: 1,

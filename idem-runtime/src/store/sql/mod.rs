@@ -15,5 +15,7 @@ pub mod sqlite;
 
 #[cfg(feature = "mysql")]
 pub use mysql::{MySqlStore, MySqlStoreBuilder};
+#[cfg(feature = "postgres")]
+pub use postgres::{PgStore, PgStoreBuilder};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteStoreBuilder};
