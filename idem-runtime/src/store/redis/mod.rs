@@ -1,1 +1,913 @@
-//! Redis store (single node and Cluster): being written (issue 3).
+//! Records in Redis, on a single node or a Redis Cluster.
+//!
+//! Each record is one hash, `<prefix>{<64 hex of the key>}`, holding `state`
+//! (`processing`, `done` or `released`), the owner `token`, the `fence`,
+//! `lease_until` and `expires_at` (server milliseconds), the `fingerprint`,
+//! and once done the `outcome` and `result`. Every operation that changes a
+//! record is one Lua script, each in its own file next to this one:
+//! `claim.lua`, `complete.lua`, `release.lua`, `renew.lua` (and `purge.lua`).
+//! Scripts run with `EVALSHA` and are loaded again by themselves when the
+//! server answers `NOSCRIPT` (after a restart, a failover or `SCRIPT FLUSH`).
+//!
+//! Why these choices:
+//! - one hash written by one script: status, owner and result can never
+//!   disagree, whatever crashes between two commands (the reference flow kept
+//!   status and result in two keys written one after the other);
+//! - a lease separate from the ttl: a crashed owner blocks its key for the
+//!   lease, not for the whole ttl;
+//! - the server's clock (`TIME` inside the scripts): every client measures
+//!   leases against the same clock;
+//! - the hash tag `{…}` around the key's hex: a Redis Cluster places the key by
+//!   the tag alone, and since every script touches exactly one key no command
+//!   is ever CROSSSLOT; the same code runs on one node and on a cluster;
+//! - expiry by `PEXPIREAT`: Redis deletes expired records itself.
+//!
+//! What Redis guarantees, and what it does not: a single Redis node (or the
+//! master of a slot) acknowledges writes before replicating them, and a
+//! failover can lose the last ones, a claim among them. Redis lowers
+//! duplicates; alone it does not prove uniqueness. Keep a unique constraint on
+//! the business table behind it.
+
+use std::fmt;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::future::join_all;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{Cmd, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisFuture, Script, Value};
+
+use crate::clock::duration_millis;
+use crate::error::StoreError;
+use crate::key::{Fingerprint, Key};
+use crate::store::{
+    AsStore, Claim, ClaimRequest, Completion, DEFAULT_MAX_RESULT_BYTES, Outcome, RecordInfo,
+    RecordState, Store, StoreRef, StoredResult, Token,
+};
+
+const SINGLE: &str = "redis";
+const CLUSTER: &str = "redis-cluster";
+/// Keys a SCAN step asks for; each step is one round trip per node.
+const SCAN_COUNT: usize = 512;
+
+/// The scripts, hashed once per process.
+struct Scripts {
+    claim: Script,
+    complete: Script,
+    release: Script,
+    renew: Script,
+    purge: Script,
+}
+
+static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    claim: Script::new(include_str!("claim.lua")),
+    complete: Script::new(include_str!("complete.lua")),
+    release: Script::new(include_str!("release.lua")),
+    renew: Script::new(include_str!("renew.lua")),
+    purge: Script::new(include_str!("purge.lua")),
+});
+
+/// One shared connection, whichever kind: both are cheap handles to one
+/// multiplexed connection (per node), cloned per call, never opened per call.
+#[derive(Clone)]
+enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Single(c) => c.req_packed_command(cmd),
+            Connection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Connection::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Single(c) => c.get_db(),
+            Connection::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// Records in Redis: a single node through one reconnecting multiplexed
+/// connection, or a Redis Cluster.
+///
+/// Fast, and shared by every replica of a service; but Redis acknowledges a
+/// write before it reaches a replica, so a failover can forget a claim. Use it
+/// to keep duplicates away from the database, and keep a unique constraint
+/// there as the proof.
+///
+/// Expired records are deleted by Redis itself at the end of their ttl, so
+/// [`Store::purge_expired`] has only released records to delete.
+///
+/// ```no_run
+/// use idem_runtime::store::redis::RedisStore;
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+/// idem_runtime::install(store);
+/// # Ok::<(), idem_runtime::StoreError>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: Connection,
+    backend: &'static str,
+    // host:port (comma-separated for a cluster), never the URL: a URL can hold
+    // a password, and this string ends up in every error message.
+    location: String,
+    key_prefix: String,
+    max_result_bytes: usize,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("backend", &self.inner.backend)
+            .field("location", &self.inner.location)
+            .field("key_prefix", &self.inner.key_prefix)
+            .field("max_result_bytes", &self.inner.max_result_bytes)
+            .finish()
+    }
+}
+
+/// Configures a [`RedisStore`].
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use idem_runtime::store::redis::RedisStore;
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let store = RedisStore::builder()
+///     .key_prefix("orders:idem:")
+///     .max_result_bytes(64 * 1024)
+///     .response_timeout(Duration::from_secs(1))
+///     .connect("redis://127.0.0.1:6379")
+///     .await?;
+/// # Ok::<(), idem_runtime::StoreError>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug, Clone)]
+pub struct RedisStoreBuilder {
+    key_prefix: String,
+    max_result_bytes: usize,
+    connection_timeout: Duration,
+    response_timeout: Duration,
+    reconnect_retries: usize,
+}
+
+impl RedisStoreBuilder {
+    /// What every record's key starts with (default `idem:`); a record's key
+    /// is the prefix followed by `{<64 hex of the key>}`. Give each
+    /// application sharing a database its own. It may not contain `{` or `}`,
+    /// which would change the hash tag a cluster places keys by.
+    ///
+    /// ```
+    /// use idem_runtime::store::redis::RedisStore;
+    ///
+    /// let builder = RedisStore::builder().key_prefix("billing:idem:");
+    /// # let _ = builder;
+    /// ```
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// The largest result kept (default 1 MiB). Larger results are not
+    /// stored; duplicates get `Error::ResultTooLarge`.
+    ///
+    /// ```
+    /// use idem_runtime::store::redis::RedisStore;
+    ///
+    /// let builder = RedisStore::builder().max_result_bytes(256 * 1024);
+    /// # let _ = builder;
+    /// ```
+    pub fn max_result_bytes(mut self, limit: usize) -> Self {
+        self.max_result_bytes = limit;
+        self
+    }
+
+    /// How long one connection attempt may take (default 1 s).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_runtime::store::redis::RedisStore;
+    ///
+    /// let builder = RedisStore::builder().connection_timeout(Duration::from_millis(500));
+    /// # let _ = builder;
+    /// ```
+    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// How long a command may wait for its answer (default 2 s; on a cluster,
+    /// including redirections and retries). A call whose claim times out
+    /// fails with `Error::Store` and does not run its body.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_runtime::store::redis::RedisStore;
+    ///
+    /// let builder = RedisStore::builder().response_timeout(Duration::from_secs(1));
+    /// # let _ = builder;
+    /// ```
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// How many times a single-node store retries connecting, with a growing
+    /// delay, before a call fails (default 3: calls fail within about a
+    /// second while the server is down, and the store reconnects by itself
+    /// once it is back).
+    ///
+    /// ```
+    /// use idem_runtime::store::redis::RedisStore;
+    ///
+    /// let builder = RedisStore::builder().reconnect_retries(1);
+    /// # let _ = builder;
+    /// ```
+    pub fn reconnect_retries(mut self, retries: usize) -> Self {
+        self.reconnect_retries = retries;
+        self
+    }
+
+    /// Connects to a single node (`redis://[:password@]host[:port][/db]`,
+    /// `rediss://…` where TLS is built in, `unix://…`). Fails if the server
+    /// cannot be reached; afterwards the store reconnects by itself.
+    ///
+    /// ```no_run
+    /// use idem_runtime::store::redis::RedisStore;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let store = RedisStore::builder().connect("redis://127.0.0.1:6379/0").await?;
+    /// # Ok::<(), idem_runtime::StoreError>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn connect(self, url: &str) -> Result<RedisStore, StoreError> {
+        let (info, location) = parse(SINGLE, url)?;
+        self.check_prefix(SINGLE, &location)?;
+        let client =
+            redis::Client::open(info).map_err(|e| StoreError::new(SINGLE, &location, e))?;
+        let manager = ConnectionManager::new_with_config(client, self.manager_config())
+            .await
+            .map_err(|e| StoreError::new(SINGLE, &location, e))?;
+        Ok(self.finish(Connection::Single(manager), SINGLE, location))
+    }
+
+    /// Like [`connect`](Self::connect), but connects on first use: a service
+    /// can start while Redis is still down, and its calls fail with
+    /// `Error::Store` (without running their bodies) until Redis is up. Only
+    /// a malformed URL fails here. Call it inside a Tokio runtime.
+    ///
+    /// ```no_run
+    /// use idem_runtime::store::redis::RedisStore;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let store = RedisStore::builder().connect_lazy("redis://127.0.0.1:6379")?;
+    /// # Ok::<(), idem_runtime::StoreError>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn connect_lazy(self, url: &str) -> Result<RedisStore, StoreError> {
+        let (info, location) = parse(SINGLE, url)?;
+        self.check_prefix(SINGLE, &location)?;
+        let client =
+            redis::Client::open(info).map_err(|e| StoreError::new(SINGLE, &location, e))?;
+        let manager = ConnectionManager::new_lazy_with_config(client, self.manager_config())
+            .map_err(|e| StoreError::new(SINGLE, &location, e))?;
+        Ok(self.finish(Connection::Single(manager), SINGLE, location))
+    }
+
+    /// Connects to a Redis Cluster through any of its nodes (all URLs share
+    /// the cluster's password). The client follows the cluster's slot map and
+    /// its redirections; because every record is one hash-tagged key, each
+    /// operation lands on exactly one slot.
+    ///
+    /// ```no_run
+    /// use idem_runtime::store::redis::RedisStore;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let store = RedisStore::builder()
+    ///     .connect_cluster(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"])
+    ///     .await?;
+    /// # Ok::<(), idem_runtime::StoreError>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn connect_cluster<I, S>(self, urls: I) -> Result<RedisStore, StoreError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut infos = Vec::new();
+        for url in urls {
+            infos.push(parse(CLUSTER, url.as_ref())?.0);
+        }
+        let location = infos
+            .iter()
+            .map(|i| i.addr().to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        if infos.is_empty() {
+            return Err(StoreError::new(
+                CLUSTER,
+                "no nodes",
+                "connect_cluster needs at least one node URL",
+            ));
+        }
+        self.check_prefix(CLUSTER, &location)?;
+        let client = ClusterClientBuilder::new(infos)
+            .connection_timeout(self.connection_timeout)
+            .response_timeout(self.response_timeout)
+            .build()
+            .map_err(|e| StoreError::new(CLUSTER, &location, e))?;
+        let conn = client
+            .get_async_connection()
+            .await
+            .map_err(|e| StoreError::new(CLUSTER, &location, e))?;
+        Ok(self.finish(Connection::Cluster(conn), CLUSTER, location))
+    }
+
+    fn manager_config(&self) -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connection_timeout))
+            .set_response_timeout(Some(self.response_timeout))
+            .set_number_of_retries(self.reconnect_retries)
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(Duration::from_millis(500))
+    }
+
+    fn check_prefix(&self, backend: &'static str, location: &str) -> Result<(), StoreError> {
+        if self.key_prefix.contains(['{', '}']) {
+            return Err(StoreError::new(
+                backend,
+                location,
+                format!(
+                    "the key prefix {:?} contains a brace: it would replace the hash tag that places each record in its own cluster slot",
+                    self.key_prefix
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn finish(self, conn: Connection, backend: &'static str, location: String) -> RedisStore {
+        RedisStore {
+            inner: Arc::new(Inner {
+                conn,
+                backend,
+                location,
+                key_prefix: self.key_prefix,
+                max_result_bytes: self.max_result_bytes,
+            }),
+        }
+    }
+}
+
+/// Parses a URL and names its address (host:port or a socket path), the only
+/// part of it errors ever show.
+fn parse(backend: &'static str, url: &str) -> Result<(ConnectionInfo, String), StoreError> {
+    // redis-rs's parse errors describe the problem, not the URL.
+    let info = url
+        .into_connection_info()
+        .map_err(|e| StoreError::new(backend, "an unparsable URL", e))?;
+    let location = info.addr().to_string();
+    Ok((info, location))
+}
+
+impl RedisStore {
+    /// Connects to a single node with the defaults (see [`RedisStoreBuilder`]).
+    ///
+    /// ```no_run
+    /// use idem_runtime::store::redis::RedisStore;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let store = RedisStore::connect("redis://:secret@127.0.0.1:6379").await?;
+    /// # Ok::<(), idem_runtime::StoreError>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn connect(url: &str) -> Result<RedisStore, StoreError> {
+        RedisStore::builder().connect(url).await
+    }
+
+    /// Connects to a Redis Cluster with the defaults (see
+    /// [`RedisStoreBuilder::connect_cluster`]).
+    ///
+    /// ```no_run
+    /// use idem_runtime::store::redis::RedisStore;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let store = RedisStore::connect_cluster([
+    ///     "redis://127.0.0.1:7101",
+    ///     "redis://127.0.0.1:7102",
+    ///     "redis://127.0.0.1:7103",
+    /// ])
+    /// .await?;
+    /// # Ok::<(), idem_runtime::StoreError>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn connect_cluster<I, S>(urls: I) -> Result<RedisStore, StoreError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        RedisStore::builder().connect_cluster(urls).await
+    }
+
+    /// Configures a store.
+    ///
+    /// ```
+    /// use idem_runtime::store::redis::RedisStore;
+    ///
+    /// let builder = RedisStore::builder().key_prefix("idem:");
+    /// # let _ = builder;
+    /// ```
+    pub fn builder() -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            key_prefix: "idem:".to_owned(),
+            max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
+            connection_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(2),
+            reconnect_retries: 3,
+        }
+    }
+
+    /// The Redis key of a record, for `redis-cli` (`HGETALL`, `PTTL`).
+    ///
+    /// ```no_run
+    /// use idem_runtime::Key;
+    /// use idem_runtime::store::redis::RedisStore;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+    /// let key = Key::builder("orders::create").part("c-1").finish();
+    /// assert!(store.redis_key(&key).starts_with("idem:{"));
+    /// # Ok::<(), idem_runtime::StoreError>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn redis_key(&self, key: &Key) -> String {
+        // Only the part in braces decides the cluster slot: one record, one slot.
+        format!("{}{{{}}}", self.inner.key_prefix, key.to_hex())
+    }
+
+    fn conn(&self) -> Connection {
+        self.inner.conn.clone()
+    }
+
+    fn err(&self, e: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> StoreError {
+        StoreError::new(self.inner.backend, &*self.inner.location, e)
+    }
+
+    /// Runs one of the fenced scripts that answer 1 (done) or 0 (not the owner).
+    async fn fenced(&self, script: &Script, key: &Key, args: &[&[u8]]) -> Result<bool, StoreError> {
+        let mut invocation = script.key(self.redis_key(key));
+        for a in args {
+            invocation.arg(*a);
+        }
+        let done: i64 = invocation
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(done == 1)
+    }
+
+    /// Where SCAN must run: the one node, or one slot per cluster master.
+    async fn scan_targets(&self) -> Result<Vec<Option<u16>>, StoreError> {
+        let Connection::Cluster(mut conn) = self.conn() else {
+            return Ok(vec![None]);
+        };
+        let slots = conn
+            .route_command(
+                redis::cmd("CLUSTER").arg("SLOTS").clone(),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        masters_first_slots(slots).map_err(|e| self.err(e))
+    }
+
+    async fn scan_step(
+        &self,
+        target: Option<u16>,
+        cursor: u64,
+        pattern: &str,
+    ) -> Result<(u64, Vec<Vec<u8>>), StoreError> {
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(SCAN_COUNT);
+        let reply = match (self.conn(), target) {
+            (Connection::Cluster(mut conn), Some(slot)) => {
+                // A slot the master owns routes the SCAN to that master and
+                // keeps it there for every step of the cursor.
+                let route = Route::new(slot, SlotAddr::Master);
+                conn.route_command(
+                    cmd,
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                )
+                .await
+            }
+            (mut conn, _) => cmd.query_async::<Value>(&mut conn).await,
+        }
+        .map_err(|e| self.err(e))?;
+        redis::from_redis_value::<(u64, Vec<Vec<u8>>)>(reply).map_err(|e| self.err(e.to_string()))
+    }
+}
+
+/// The first slot of each master in a `CLUSTER SLOTS` reply.
+fn masters_first_slots(reply: Value) -> Result<Vec<Option<u16>>, Malformed> {
+    let Value::Array(ranges) = reply else {
+        return Err(Malformed("CLUSTER SLOTS did not answer an array"));
+    };
+    let mut seen: Vec<(Vec<u8>, i64)> = Vec::new();
+    let mut slots = Vec::new();
+    for range in ranges {
+        let Value::Array(parts) = range else {
+            return Err(Malformed("a CLUSTER SLOTS range is not an array"));
+        };
+        let mut parts = parts.into_iter();
+        let start = int(parts.next())?;
+        let _end = parts.next();
+        let Some(Value::Array(master)) = parts.next() else {
+            return Err(Malformed("a CLUSTER SLOTS range has no master"));
+        };
+        let mut master = master.into_iter();
+        let addr = (bytes(master.next())?, int(master.next())?);
+        if !seen.contains(&addr) {
+            seen.push(addr);
+            let slot = u16::try_from(start).map_err(|_| Malformed("slot out of range"))?;
+            slots.push(Some(slot));
+        }
+    }
+    Ok(slots)
+}
+
+/// A reply that does not have the shape the scripts return.
+#[derive(Debug)]
+struct Malformed(&'static str);
+
+impl fmt::Display for Malformed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unexpected reply: {}", self.0)
+    }
+}
+
+impl std::error::Error for Malformed {}
+
+fn bytes(v: Option<Value>) -> Result<Vec<u8>, Malformed> {
+    match v {
+        Some(Value::BulkString(b)) => Ok(b),
+        Some(Value::SimpleString(s)) => Ok(s.into_bytes()),
+        _ => Err(Malformed("expected a string")),
+    }
+}
+
+fn int(v: Option<Value>) -> Result<i64, Malformed> {
+    match v {
+        Some(Value::Int(i)) => Ok(i),
+        Some(Value::BulkString(b)) => std::str::from_utf8(&b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or(Malformed("expected an integer")),
+        _ => Err(Malformed("expected an integer")),
+    }
+}
+
+/// A field or reply slot that may be absent: Lua's `false` is nil in RESP2
+/// and a boolean in RESP3.
+fn optional(v: Option<Value>) -> Option<Value> {
+    match v {
+        None | Some(Value::Nil) | Some(Value::Boolean(false)) => None,
+        other => other,
+    }
+}
+
+fn fingerprint(v: Option<Value>) -> Result<Option<Fingerprint>, Malformed> {
+    optional(v)
+        .map(|v| {
+            let b = bytes(Some(v))?;
+            <[u8; 32]>::try_from(b.as_slice())
+                .map(Fingerprint::from_bytes)
+                .map_err(|_| Malformed("a fingerprint is not 32 bytes"))
+        })
+        .transpose()
+}
+
+fn outcome(v: Option<Value>) -> Result<Outcome, Malformed> {
+    Outcome::from_code(int(v)?).ok_or(Malformed("unknown outcome code"))
+}
+
+fn fence(v: Option<Value>) -> Result<u64, Malformed> {
+    u64::try_from(int(v)?).map_err(|_| Malformed("negative fence"))
+}
+
+fn decode_claim(reply: Value) -> Result<Claim, Malformed> {
+    let Value::Array(items) = reply else {
+        return Err(Malformed("claim.lua did not answer an array"));
+    };
+    let mut items = items.into_iter();
+    let tag = bytes(items.next())?;
+    match &tag[..] {
+        b"acquired" => Ok(Claim::Acquired {
+            fence: fence(items.next())?,
+            takeover: int(items.next())? == 1,
+        }),
+        b"busy" => Ok(Claim::Busy {
+            lease_remaining: Duration::from_millis(u64::try_from(int(items.next())?).unwrap_or(0)),
+            fingerprint: fingerprint(items.next())?,
+        }),
+        b"done" => {
+            let outcome = outcome(items.next())?;
+            let payload = bytes(items.next())?;
+            Ok(Claim::Done(StoredResult {
+                fingerprint: fingerprint(items.next())?,
+                outcome,
+                payload,
+            }))
+        }
+        _ => Err(Malformed("claim.lua answered an unknown tag")),
+    }
+}
+
+const INSPECT_FIELDS: [&str; 7] = [
+    "state",
+    "fence",
+    "lease_until",
+    "expires_at",
+    "fingerprint",
+    "outcome",
+    "result",
+];
+
+fn decode_record(reply: Value) -> Result<Option<RecordInfo>, Malformed> {
+    let Value::Array(fields) = reply else {
+        return Err(Malformed("HMGET did not answer an array"));
+    };
+    let mut f = fields.into_iter();
+    let state = match optional(f.next()).map(|v| bytes(Some(v))).transpose()? {
+        Some(s) if s == b"processing" => RecordState::Processing,
+        Some(s) if s == b"done" => RecordState::Done,
+        // Absent, expired (Redis deleted it) or released: not live.
+        _ => return Ok(None),
+    };
+    let fence = fence(f.next())?;
+    let lease_until = optional(f.next()).map(|v| int(Some(v))).transpose()?;
+    let expires_at_millis = int(f.next())?;
+    let fp = fingerprint(f.next())?;
+    let result = match state {
+        RecordState::Processing => None,
+        RecordState::Done => {
+            let outcome = outcome(f.next())?;
+            Some(StoredResult {
+                fingerprint: fp,
+                outcome,
+                payload: bytes(f.next())?,
+            })
+        }
+    };
+    Ok(Some(RecordInfo {
+        state,
+        fence,
+        lease_until_millis: match state {
+            RecordState::Processing => {
+                lease_until.ok_or(Malformed("PROCESSING without a lease"))?
+            }
+            RecordState::Done => 0,
+        },
+        expires_at_millis,
+        result,
+    }))
+}
+
+/// Escapes the glob characters of a SCAN `MATCH` pattern.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Durations travel as decimal milliseconds, capped where the scripts' Lua
+/// numbers (doubles) still hold every millisecond exactly: about 35,000
+/// years, longer than any lease or ttl means.
+fn millis_arg(d: Duration) -> Vec<u8> {
+    const MAX_EXACT: i64 = 1 << 50;
+    duration_millis(d).min(MAX_EXACT).to_string().into_bytes()
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    fn backend(&self) -> &'static str {
+        self.inner.backend
+    }
+
+    fn max_result_bytes(&self) -> usize {
+        self.inner.max_result_bytes
+    }
+
+    /// One `EVALSHA claim.lua`: one round trip (two more, once, after the
+    /// server forgot the script).
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        let fp: &[u8] = match &req.fingerprint {
+            Some(f) => &f.as_bytes()[..],
+            None => &[],
+        };
+        let reply: Value = SCRIPTS
+            .claim
+            .key(self.redis_key(req.key))
+            .arg(&req.token.0[..])
+            .arg(millis_arg(req.lease))
+            .arg(millis_arg(req.ttl))
+            .arg(fp)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| self.err(e))?;
+        decode_claim(reply).map_err(|e| self.err(e))
+    }
+
+    async fn complete(
+        &self,
+        key: &Key,
+        token: Token,
+        completion: Completion<'_>,
+    ) -> Result<bool, StoreError> {
+        let code = completion.outcome.code().to_string();
+        let ttl = millis_arg(completion.ttl);
+        self.fenced(
+            &SCRIPTS.complete,
+            key,
+            &[&token.0, code.as_bytes(), completion.payload, &ttl],
+        )
+        .await
+    }
+
+    async fn release(&self, key: &Key, token: Token) -> Result<bool, StoreError> {
+        self.fenced(&SCRIPTS.release, key, &[&token.0]).await
+    }
+
+    async fn renew(&self, key: &Key, token: Token, lease: Duration) -> Result<bool, StoreError> {
+        self.fenced(&SCRIPTS.renew, key, &[&token.0, &millis_arg(lease)])
+            .await
+    }
+
+    /// One `HMGET`: reads need no script, and a record Redis expired is
+    /// already gone.
+    async fn inspect(&self, key: &Key) -> Result<Option<RecordInfo>, StoreError> {
+        let reply: Value = redis::cmd("HMGET")
+            .arg(self.redis_key(key))
+            .arg(&INSPECT_FIELDS[..])
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|e| self.err(e))?;
+        decode_record(reply).map_err(|e| self.err(e))
+    }
+
+    /// One `DEL`, whatever the record's state.
+    async fn evict(&self, key: &Key) -> Result<bool, StoreError> {
+        let deleted: i64 = redis::cmd("DEL")
+            .arg(self.redis_key(key))
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(deleted == 1)
+    }
+
+    /// Deletes up to `limit` released records under this store's prefix.
+    ///
+    /// Expired records are never counted: Redis deletes them itself when
+    /// their ttl ends, so there are none left to purge. Released records stay
+    /// until their ttl (they carry the fence); purging deletes them sooner.
+    /// Walks the keyspace with `SCAN` (on every master of a cluster), so run
+    /// it from a sweeper, not on a request path.
+    async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError> {
+        let pattern = format!("{}{{*}}", glob_escape(&self.inner.key_prefix));
+        let mut purged = 0usize;
+        for target in self.scan_targets().await? {
+            let mut cursor = 0;
+            loop {
+                if purged >= limit {
+                    return Ok(purged as u64);
+                }
+                let (next, keys) = self.scan_step(target, cursor, &pattern).await?;
+                let mut rest = &keys[..];
+                while !rest.is_empty() {
+                    // Never more checks than deletions still allowed, so the
+                    // limit holds; every key of the page is still looked at.
+                    let (batch, tail) = rest.split_at(rest.len().min(limit - purged));
+                    rest = tail;
+                    // Concurrent calls share the one multiplexed connection:
+                    // the whole batch goes out as a pipeline.
+                    let deleted = join_all(batch.iter().map(|k| {
+                        let mut conn = self.conn();
+                        async move {
+                            SCRIPTS
+                                .purge
+                                .key(k.as_slice())
+                                .invoke_async::<i64>(&mut conn)
+                                .await
+                        }
+                    }))
+                    .await;
+                    for d in deleted {
+                        purged += usize::from(d.map_err(|e| self.err(e))? == 1);
+                    }
+                    if purged >= limit {
+                        return Ok(purged as u64);
+                    }
+                }
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+            }
+        }
+        Ok(purged as u64)
+    }
+}
+
+impl AsStore for RedisStore {
+    fn as_store(&self) -> StoreRef {
+        StoreRef::new(self.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glob_escape_keeps_plain_prefixes() {
+        assert_eq!(glob_escape("idem:"), "idem:");
+        assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
+    }
+
+    #[test]
+    fn claim_replies_decode() {
+        let acquired = Value::Array(vec![
+            Value::BulkString(b"acquired".to_vec()),
+            Value::Int(3),
+            Value::Int(1),
+        ]);
+        assert_eq!(
+            decode_claim(acquired).unwrap(),
+            Claim::Acquired {
+                fence: 3,
+                takeover: true
+            }
+        );
+        let busy = Value::Array(vec![
+            Value::BulkString(b"busy".to_vec()),
+            Value::Int(250),
+            Value::Nil,
+        ]);
+        assert_eq!(
+            decode_claim(busy).unwrap(),
+            Claim::Busy {
+                lease_remaining: Duration::from_millis(250),
+                fingerprint: None
+            }
+        );
+        let done = Value::Array(vec![
+            Value::BulkString(b"done".to_vec()),
+            Value::Int(2),
+            Value::BulkString(b"\"declined\"".to_vec()),
+            Value::BulkString(vec![7; 32]),
+        ]);
+        assert_eq!(
+            decode_claim(done).unwrap(),
+            Claim::Done(StoredResult {
+                fingerprint: Some(Fingerprint::from_bytes([7; 32])),
+                outcome: Outcome::FinalError,
+                payload: b"\"declined\"".to_vec(),
+            })
+        );
+        assert!(decode_claim(Value::Array(vec![Value::BulkString(b"done".to_vec())])).is_err());
+    }
+}
