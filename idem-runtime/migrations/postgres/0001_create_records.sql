@@ -3,7 +3,7 @@
 -- so every application server compares leases against the same clock.
 CREATE TABLE IF NOT EXISTS idem_records (
     key         BYTEA    NOT NULL PRIMARY KEY,
-    -- 0 released (free to claim, fence kept), 1 processing, 2 done
+    -- 0 released (free to claim, fence kept, expires_at set to the release), 1 processing, 2 done
     state       SMALLINT NOT NULL,
     token       BYTEA    NOT NULL,
     fence       BIGINT   NOT NULL,
@@ -16,5 +16,5 @@ CREATE TABLE IF NOT EXISTS idem_records (
     result      BYTEA
 );
 
--- The sweeper deletes by expiry in bounded batches.
+-- The sweeper deletes by expiry (released records included) in bounded batches.
 CREATE INDEX IF NOT EXISTS idem_records_expires_at ON idem_records (expires_at);

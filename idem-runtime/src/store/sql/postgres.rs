@@ -88,8 +88,15 @@ FROM clock
 WHERE key = $4 AND state = 1 AND token = $5"
 );
 
-const RELEASE: &str =
-    "UPDATE idem_records SET state = 0 WHERE key = $1 AND state = 1 AND token = $2";
+// A released record also expires at once, so the sweeper finds it through the
+// `expires_at` index like any other dead record; the row (and its fence) stays
+// until then, and a claim takes it either way.
+const RELEASE: &str = concat!(
+    with_clock!(),
+    "UPDATE idem_records SET state = 0, expires_at = LEAST(expires_at, clock.now)
+FROM clock
+WHERE key = $1 AND state = 1 AND token = $2"
+);
 
 const RENEW: &str = concat!(
     with_clock!(),
@@ -100,14 +107,18 @@ WHERE key = $2 AND state = 1 AND token = $3 AND expires_at > clock.now"
 
 const EVICT: &str = "DELETE FROM idem_records WHERE key = $1";
 
-// SKIP LOCKED: sweepers on several replicas split the dead rows between them
-// instead of queueing on each other's, and a row a claim is re-taking right now
-// is left to the claim.
+// Dead records are exactly those with `expires_at` in the past (released ones
+// included, see RELEASE). ORDER BY walks the `expires_at` index and stops at the
+// first live row: without it the planner's guess for a generic `<= now` picks a
+// sequential scan, which reads the whole table when nothing is dead. SKIP
+// LOCKED: sweepers on several replicas split the dead rows instead of queueing
+// on each other, and a row a claim is re-taking right now is left to the claim.
 const PURGE: &str = concat!(
     with_clock!(),
     "DELETE FROM idem_records WHERE key IN (
     SELECT key FROM idem_records
-    WHERE expires_at <= (SELECT now FROM clock) OR state = 0
+    WHERE expires_at <= (SELECT now FROM clock)
+    ORDER BY expires_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED)"
 );
