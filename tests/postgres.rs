@@ -563,6 +563,43 @@ async fn in_a_committed_transaction_the_record_replays_to_later_callers() {
     assert_eq!(stored.payload, b"order-7");
 }
 
+/// A replay inside a caller's transaction reads the record without locking it:
+/// replays of a hot key must not queue behind each other's transactions.
+#[tokio::test]
+async fn a_replay_inside_a_transaction_takes_no_row_lock() {
+    let Some(store) = store().await else { return };
+    let (key, token) = (fresh_key("tx-replay-lock"), Token::random());
+    assert!(matches!(
+        store.claim(request(&key, token, TX_LEASE)).await.unwrap(),
+        Claim::Acquired { .. }
+    ));
+    assert!(
+        store
+            .complete(&key, token, success(b"order-9", Duration::from_secs(60)))
+            .await
+            .unwrap()
+    );
+
+    let mut replaying = store.pool().begin().await.unwrap();
+    let replay = replaying
+        .tx_connection()
+        .claim(request(&key, Token::random(), TX_LEASE))
+        .await
+        .unwrap();
+    assert!(matches!(replay, Claim::Done(_)), "{replay:?}");
+
+    // While the replaying transaction is still open, another one can lock the row
+    // at once: the replay holds no lock on it.
+    let mut other = store.pool().begin().await.unwrap();
+    let locked = sqlx::query("SELECT 1 FROM idem_records WHERE key = $1 FOR UPDATE NOWAIT")
+        .bind(&key.as_bytes()[..])
+        .execute(&mut *other)
+        .await;
+    assert!(locked.is_ok(), "the replay left the row locked: {locked:?}");
+    other.rollback().await.unwrap();
+    replaying.commit().await.unwrap();
+}
+
 #[tokio::test]
 async fn in_a_transaction_a_release_and_a_busy_claim_leave_it_usable() {
     let Some(store) = store().await else { return };

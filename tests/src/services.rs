@@ -83,7 +83,10 @@ pub fn redact(url: &str) -> String {
 mod tests {
     #[test]
     fn redact_hides_the_password_only() {
-        assert_eq!(super::redact("mysql://app:s3cret@db:3306/x"), "mysql://app:***@db:3306/x");
+        assert_eq!(
+            super::redact("mysql://app:s3cret@db:3306/x"),
+            "mysql://app:***@db:3306/x"
+        );
         assert_eq!(super::redact("redis://:s3cret@h:1"), "redis://:***@h:1");
         assert_eq!(super::redact("postgres://u@h/x"), "postgres://u@h/x");
     }

@@ -47,15 +47,27 @@ macro_rules! with_clock {
 // The row may be taken when it is expired, released, or PROCESSING past its
 // lease; a claim retried under the same token gets its own row back. SET
 // expressions read the old row, so their order is free. A row the WHERE
-// refuses is left unchanged (though locked until the statement's transaction
-// ends, as every ON CONFLICT DO UPDATE target is) and RETURNING yields
-// nothing: the loser then reads it. Nothing here raises a unique violation, so
-// a duplicate never aborts the caller's transaction.
+// refuses is left unchanged and RETURNING yields nothing: the loser then reads
+// it. Nothing here raises a unique violation, so a duplicate never aborts the
+// caller's transaction.
+//
+// ON CONFLICT DO UPDATE locks its target row even when the WHERE refuses it,
+// and inside a caller's transaction that lock would last until commit: every
+// replay of a hot key would queue behind the others. So the INSERT is only
+// attempted when a plain read does not already show a live record that may not
+// be taken (DONE, or PROCESSING under someone else's lease). A replay then
+// costs a lock-free read; only a genuine race reaches the conflict path.
 const CLAIM: &str = concat!(
     with_clock!(),
     "INSERT INTO idem_records AS r
     (key, state, token, fence, lease_until, expires_at, fingerprint, taken_over)
 SELECT $1, 1, $2, 1, clock.now + $3, clock.now + $4, $5, FALSE FROM clock
+WHERE NOT EXISTS (
+    SELECT 1 FROM idem_records AS live
+    WHERE live.key = $1
+      AND live.expires_at > clock.now
+      AND (live.state = 2
+           OR (live.state = 1 AND live.lease_until > clock.now AND live.token <> $2)))
 ON CONFLICT (key) DO UPDATE SET
     state       = 1,
     fence       = CASE WHEN r.state = 1 AND r.token = excluded.token
