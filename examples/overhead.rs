@@ -31,6 +31,9 @@ use idem_runtime::store::redis::RedisStore;
 use idem_runtime::store::sql::postgres::PgStore;
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
+use std::str::FromStr;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Postgres, Transaction};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -249,8 +252,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
+    // A database of its own on the shared server, flushed before and after: a
+    // run writes hundreds of thousands of keys with a 24 h ttl.
     let redis_url =
-        std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+        std::env::var("IDEM_BENCH_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/9".into());
     let pg_url = std::env::var("IDEM_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     // Keys of earlier runs must not replay into this one.
@@ -260,6 +265,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let client = redis::Client::open(redis_url.as_str())?;
     let mut counter = client.get_connection_manager().await?;
+    let _: () = redis::cmd("FLUSHDB")
+        .arg("ASYNC")
+        .query_async(&mut counter)
+        .await?;
     let svc = Arc::new(Svc {
         redis: RedisStore::connect(&redis_url).await?,
     });
@@ -313,7 +322,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         row("(c) reference Redis flow", c, &cref, ta, Some(tc), &c_trips);
     }
 
-    let pool = PgPool::connect(&pg_url).await?;
+    let _: () = redis::cmd("FLUSHDB")
+        .arg("ASYNC")
+        .query_async(&mut counter)
+        .await?;
+
+    // A schema of its own, dropped afterwards, for the same reason.
+    let admin = PgPool::connect(&pg_url).await?;
+    sqlx::query("DROP SCHEMA IF EXISTS idem_bench CASCADE")
+        .execute(&admin)
+        .await?;
+    sqlx::query("CREATE SCHEMA idem_bench")
+        .execute(&admin)
+        .await?;
+    let options = PgConnectOptions::from_str(&pg_url)?.options([("search_path", "idem_bench")]);
+    let pool = PgPoolOptions::new()
+        .max_connections(16)
+        .connect_with(options)
+        .await?;
     PgStore::builder().pool(pool.clone()).await?; // runs the idem migrations once
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS bench_orders (
