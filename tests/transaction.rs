@@ -155,3 +155,120 @@ async fn sqlite_concurrent_duplicate_waits_for_the_writer_and_replays() {
     assert_eq!(count_orders(&file).await, 1);
     let _ = std::fs::remove_file(&path);
 }
+
+mod postgres {
+    //! The same through the attribute on PostgreSQL, where a concurrent
+    //! duplicate blocks on the record's primary key.
+
+    use super::*;
+    use idem_runtime::store::sql::PgStore;
+    use idem_tests::services;
+    use sqlx::Postgres;
+
+    #[idempotent(key = "order_no", tx = tx, scope = "tx-tests.pg.create")]
+    async fn create_order(
+        tx: &mut Transaction<'_, Postgres>,
+        order_no: String,
+    ) -> Result<i64, AppError> {
+        let id: i64 =
+            sqlx::query_scalar("INSERT INTO tx_test_orders (order_no) VALUES ($1) RETURNING id")
+                .bind(&order_no)
+                .fetch_one(&mut **tx)
+                .await?;
+        Ok(id)
+    }
+
+    async fn pg() -> Option<PgStore> {
+        let url = services::postgres_url();
+        let store = services::reachable("PostgreSQL", &url, PgStore::connect(&url).await)?;
+        // Two tests creating the table at once race in PostgreSQL's catalog.
+        static TABLE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+        TABLE.get_or_init(|| async {
+            sqlx::query(
+            "CREATE TABLE IF NOT EXISTS tx_test_orders (id BIGSERIAL PRIMARY KEY, order_no TEXT NOT NULL UNIQUE)",
+        )
+            .execute(store.pool())
+            .await
+            .unwrap();
+        })
+        .await;
+        Some(store)
+    }
+
+    fn order_no(case: &str) -> String {
+        format!(
+            "{case}-{}",
+            idem_runtime::Token::random().0[0] as u32 * 100_000 + std::process::id() % 100_000
+        )
+    }
+
+    async fn orders(store: &PgStore, order_no: &str) -> i64 {
+        sqlx::query_scalar("SELECT COUNT(*) FROM tx_test_orders WHERE order_no = $1")
+            .bind(order_no)
+            .fetch_one(store.pool())
+            .await
+            .unwrap()
+    }
+
+    fn pg_key(order_no: &str) -> Key {
+        Key::builder("tx-tests.pg.create").part(order_no).finish()
+    }
+
+    #[tokio::test]
+    async fn a_rolled_back_business_transaction_leaves_no_record() {
+        let Some(store) = pg().await else { return };
+        let no = order_no("rollback");
+        let mut tx = store.pool().begin().await.unwrap();
+        create_order(&mut tx, no.clone()).await.unwrap();
+        tx.rollback().await.unwrap();
+        assert_eq!(orders(&store, &no).await, 0);
+        assert!(
+            store.inspect(&pg_key(&no)).await.unwrap().is_none(),
+            "no record without the order"
+        );
+
+        let mut tx = store.pool().begin().await.unwrap();
+        let id = create_order(&mut tx, no.clone()).await.unwrap();
+        tx.commit().await.unwrap();
+        let mut tx = store.pool().begin().await.unwrap();
+        assert_eq!(
+            create_order(&mut tx, no.clone()).await.unwrap(),
+            id,
+            "replayed"
+        );
+        tx.commit().await.unwrap();
+        assert_eq!(orders(&store, &no).await, 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_concurrent_duplicate_waits_then_replays_and_its_transaction_stays_usable() {
+        let Some(store) = pg().await else { return };
+        let no = order_no("concurrent");
+        let mut first = store.pool().begin().await.unwrap();
+        let id = create_order(&mut first, no.clone()).await.unwrap();
+
+        let (pool, dup_no) = (store.pool().clone(), no.clone());
+        let duplicate = tokio::spawn(async move {
+            let mut tx = pool.begin().await.unwrap();
+            let replayed = create_order(&mut tx, dup_no).await;
+            // No SQLSTATE 25P02: the duplicate's transaction still works.
+            let one: i32 = sqlx::query_scalar("SELECT 1")
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+            (replayed, one)
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !duplicate.is_finished(),
+            "the duplicate waits on the record's key"
+        );
+        first.commit().await.unwrap();
+        let (replayed, one) = duplicate.await.unwrap();
+        assert_eq!(replayed.unwrap(), id);
+        assert_eq!(one, 1);
+        assert_eq!(orders(&store, &no).await, 1);
+        // A second run of the body would have failed on the UNIQUE order_no.
+    }
+}
