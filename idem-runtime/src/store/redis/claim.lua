@@ -53,18 +53,16 @@ end
 
 -- Integers as digits: Lua numbers are doubles, and a plain number argument to
 -- redis.call could be formatted in exponent notation.
+-- One HSET for every field, an empty fingerprint meaning none: a redis.call
+-- costs more than the work it does, and a claim is on every request's path.
 local expires_at = string.format('%d', now + ttl)
 redis.call('HSET', key,
   'state', 'processing',
   'token', token,
   'fence', string.format('%d', fence),
   'lease_until', string.format('%d', now + lease),
-  'expires_at', expires_at)
-if fp == '' then
-  redis.call('HDEL', key, 'fingerprint')
-else
-  redis.call('HSET', key, 'fingerprint', fp)
-end
+  'expires_at', expires_at,
+  'fingerprint', fp)
 -- Redis itself deletes the record when its ttl ends.
 redis.call('PEXPIREAT', key, expires_at)
 return {'acquired', fence, takeover}

@@ -25,8 +25,8 @@ redis.call('HSET', key,
   'outcome', ARGV[2],
   'result', ARGV[3],
   'expires_at', expires_at)
--- A DONE record has no owner left to act on it.
-redis.call('HDEL', key, 'token', 'lease_until')
+-- The old token and lease stay in the hash: every fenced script checks the
+-- state first, so they are inert once DONE, and deleting them costs a call.
 -- The ttl of a DONE record counts from completion.
 redis.call('PEXPIREAT', key, expires_at)
 return 1

@@ -605,15 +605,17 @@ fn optional(v: Option<Value>) -> Option<Value> {
     }
 }
 
+/// A stored fingerprint; empty (what claim.lua writes for none) or absent is none.
 fn fingerprint(v: Option<Value>) -> Result<Option<Fingerprint>, Malformed> {
-    optional(v)
-        .map(|v| {
-            let b = bytes(Some(v))?;
-            <[u8; 32]>::try_from(b.as_slice())
-                .map(Fingerprint::from_bytes)
-                .map_err(|_| Malformed("a fingerprint is not 32 bytes"))
-        })
-        .transpose()
+    let Some(b) = optional(v).map(|v| bytes(Some(v))).transpose()? else {
+        return Ok(None);
+    };
+    if b.is_empty() {
+        return Ok(None);
+    }
+    <[u8; 32]>::try_from(b.as_slice())
+        .map(|a| Some(Fingerprint::from_bytes(a)))
+        .map_err(|_| Malformed("a fingerprint is not 32 bytes"))
 }
 
 fn outcome(v: Option<Value>) -> Result<Outcome, Malformed> {
