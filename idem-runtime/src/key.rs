@@ -311,7 +311,11 @@ impl Key {
 
     /// Lower-case hex of the hash: safe to log, to put in a trace or to pass on.
     pub fn to_hex(&self) -> String {
-        hex::encode(self.0)
+        // Every Redis call names its record by this: encode into a buffer rather
+        // than through `hex::encode`'s char-by-char iterator.
+        let mut buf = [0u8; 64];
+        hex::encode_to_slice(self.0, &mut buf).expect("64 bytes hold 32 in hex");
+        String::from_utf8(buf.to_vec()).expect("hex digits are ASCII")
     }
 
     /// Parses the 64-character hex form produced by [`Key::to_hex`].
