@@ -156,6 +156,75 @@ async fn sqlite_concurrent_duplicate_waits_for_the_writer_and_replays() {
     let _ = std::fs::remove_file(&path);
 }
 
+static STEP_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+#[idem_runtime::step("reserve")]
+async fn reserve(order_no: &str) -> Result<usize, AppError> {
+    STEP_RUNS.fetch_add(1, Ordering::SeqCst);
+    Ok(order_no.len())
+}
+
+/// A step inside a transactional call: it simply runs, because the transaction
+/// already makes the whole call all-or-nothing.
+#[idempotent(key = "order_no", tx = tx, scope = "tx-tests.sqlite.with-step")]
+async fn create_with_step(
+    tx: &mut Transaction<'_, Sqlite>,
+    order_no: String,
+) -> Result<usize, AppError> {
+    let reserved = reserve(&order_no).await?;
+    sqlx::query("INSERT INTO orders (order_no) VALUES (?1)")
+        .bind(&order_no)
+        .execute(&mut **tx)
+        .await?;
+    Ok(reserved)
+}
+
+#[tokio::test]
+async fn sqlite_steps_inside_a_transactional_call_run_directly() {
+    let store = sqlite().await;
+    let before = STEP_RUNS.load(Ordering::SeqCst);
+    let mut tx = store.pool().begin().await.unwrap();
+    assert_eq!(create_with_step(&mut tx, "o-4".into()).await.unwrap(), 3);
+    tx.commit().await.unwrap();
+    assert_eq!(STEP_RUNS.load(Ordering::SeqCst) - before, 1);
+    let mut tx = store.pool().begin().await.unwrap();
+    assert_eq!(
+        create_with_step(&mut tx, "o-4".into()).await.unwrap(),
+        3,
+        "replayed"
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(
+        STEP_RUNS.load(Ordering::SeqCst) - before,
+        1,
+        "the replay ran no step"
+    );
+}
+
+/// If the record cannot be written, the call fails, so the caller rolls back
+/// instead of committing an order that has no record.
+#[tokio::test]
+async fn sqlite_a_record_that_cannot_be_written_fails_the_call() {
+    let store = sqlite().await;
+    sqlx::query(
+        "CREATE TRIGGER refuse_done BEFORE UPDATE OF state ON idem_records
+         WHEN NEW.state = 2 BEGIN SELECT RAISE(ABORT, 'injected: the record cannot be written'); END",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let mut tx = store.pool().begin().await.unwrap();
+    let err = create_order(&mut tx, "o-5".into(), false)
+        .await
+        .unwrap_err();
+    let AppError::Idem(idem_runtime::Error::Store(e)) = &err else {
+        panic!("expected a store error, got {err:?}");
+    };
+    assert!(e.to_string().contains("injected"), "{e}");
+    tx.rollback().await.unwrap();
+    assert_eq!(count_orders(&store).await, 0);
+}
+
 mod postgres {
     //! The same through the attribute on PostgreSQL, where a concurrent
     //! duplicate blocks on the record's primary key.
