@@ -1,0 +1,135 @@
+//! The metrics an operator watches: executions, replays, in-progress
+//! duplicates, takeovers and steps, labelled by scope. A replay count stuck at
+//! zero is how keys that change on every retry show up.
+
+use std::time::Duration;
+
+use idem_runtime::store::memory::MemoryStore;
+use idem_runtime::{ManualClock, idempotent, step};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::{CompositeKey, MetricKind};
+
+#[derive(Debug)]
+struct AppError(#[allow(dead_code)] idem_runtime::Error);
+
+impl From<idem_runtime::Error> for AppError {
+    fn from(e: idem_runtime::Error) -> Self {
+        AppError(e)
+    }
+}
+
+struct Svc {
+    store: MemoryStore,
+}
+
+impl Svc {
+    #[idempotent(key = "order_id", scope = "observe.create", store = self.store.clone())]
+    async fn create(&self, order_id: u64) -> Result<u64, AppError> {
+        reserve(order_id).await
+    }
+}
+
+#[step("reserve")]
+async fn reserve(order_id: u64) -> Result<u64, AppError> {
+    Ok(order_id * 2)
+}
+
+type Snapshot = [(
+    CompositeKey,
+    Option<metrics::Unit>,
+    Option<metrics::SharedString>,
+    DebugValue,
+)];
+
+fn counter(snapshot: &Snapshot, name: &str, labels: &[(&str, &str)]) -> u64 {
+    snapshot
+        .iter()
+        .filter(|(key, ..)| key.kind() == MetricKind::Counter && key.key().name() == name)
+        .filter(|(key, ..)| {
+            labels
+                .iter()
+                .all(|(k, v)| key.key().labels().any(|l| l.key() == *k && l.value() == *v))
+        })
+        .map(|(.., value)| match value {
+            DebugValue::Counter(n) => *n,
+            _ => 0,
+        })
+        .sum()
+}
+
+#[test]
+fn calls_are_counted_by_outcome_scope_and_kind() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let clock = ManualClock::default();
+    let svc = Svc {
+        store: MemoryStore::builder().clock(clock.clone()).build(),
+    };
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            assert_eq!(svc.create(1).await.unwrap(), 2);
+            assert_eq!(svc.create(1).await.unwrap(), 2);
+            assert_eq!(svc.create(1).await.unwrap(), 2);
+            assert_eq!(svc.create(2).await.unwrap(), 4);
+            // A claim whose owner died: the next call takes it over after the lease.
+            let key = idem_runtime::Key::builder("observe.create")
+                .part(&3u64)
+                .finish();
+            let stale = idem_runtime::Token::random();
+            let req = idem_runtime::ClaimRequest {
+                key: &key,
+                token: stale,
+                fingerprint: None,
+                lease: Duration::from_secs(30),
+                ttl: Duration::from_secs(3600),
+            };
+            idem_runtime::Store::claim(&svc.store, req).await.unwrap();
+            assert!(matches!(
+                svc.create(3).await,
+                Err(AppError(idem_runtime::Error::InProgress { .. }))
+            ));
+            clock.advance(Duration::from_secs(31));
+            assert_eq!(svc.create(3).await.unwrap(), 6);
+        });
+    });
+    let snapshot = snapshotter.snapshot().into_vec();
+    let calls = |outcome| {
+        counter(
+            &snapshot,
+            "idem_calls_total",
+            &[
+                ("scope", "observe.create"),
+                ("kind", "call"),
+                ("outcome", outcome),
+            ],
+        )
+    };
+    assert_eq!(calls("executed"), 3, "orders 1, 2 and 3");
+    assert_eq!(calls("replayed"), 2, "order 1 twice more");
+    assert_eq!(calls("in_progress"), 1);
+    assert_eq!(
+        counter(
+            &snapshot,
+            "idem_takeovers_total",
+            &[("scope", "observe.create")]
+        ),
+        1
+    );
+    let steps = |outcome| {
+        counter(
+            &snapshot,
+            "idem_calls_total",
+            &[("scope", "reserve"), ("kind", "step"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(steps("executed"), 3, "one reserve per executed order");
+    assert_eq!(
+        steps("replayed"),
+        0,
+        "replayed calls never reach their steps"
+    );
+}
