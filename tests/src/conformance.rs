@@ -15,7 +15,7 @@ use std::time::Duration;
 use idem_runtime::protocol::{Kind, Spec, execute};
 use idem_runtime::{
     Claim, ClaimRequest, Completion, Error, Fingerprint, Key, ManualClock, Outcome, RecordState,
-    StoreRef, Token,
+    StoreRef, StoredResult, Token,
 };
 
 /// How a subject's clock moves.
@@ -131,6 +131,22 @@ fn success(payload: &[u8], ttl: Duration) -> Completion<'_> {
     }
 }
 
+/// A claim by a newcomer: what any other caller would find.
+async fn claim_as_newcomer(s: &Subject, key: &Key) -> Claim {
+    s.store
+        .claim(s.request(key, Token::random(), None))
+        .await
+        .expect("claim")
+}
+
+/// The stored result a newcomer replays; panics if the record is not DONE.
+async fn replayed(s: &Subject, key: &Key) -> StoredResult {
+    match claim_as_newcomer(s, key).await {
+        Claim::Done(stored) => stored,
+        other => panic!("expected a replay, got {other:?}"),
+    }
+}
+
 async fn acquire(s: &Subject, key: &Key, token: Token) -> u64 {
     match s
         .store
@@ -146,11 +162,7 @@ async fn acquire(s: &Subject, key: &Key, token: Token) -> u64 {
 /// An absent key is acquired, not as a takeover, and shows as PROCESSING.
 pub async fn absent_key_is_acquired(s: Subject) {
     let key = fresh_key("absent");
-    let claim = s
-        .store
-        .claim(s.request(&key, Token::random(), None))
-        .await
-        .unwrap();
+    let claim = claim_as_newcomer(&s, &key).await;
     let Claim::Acquired { fence, takeover } = claim else {
         panic!("expected Acquired, got {claim:?}");
     };
@@ -173,11 +185,7 @@ pub async fn live_claim_is_busy(s: Subject) {
         .await
         .unwrap();
     assert!(matches!(first, Claim::Acquired { .. }));
-    let second = s
-        .store
-        .claim(s.request(&key, Token::random(), None))
-        .await
-        .unwrap();
+    let second = claim_as_newcomer(&s, &key).await;
     let Claim::Busy {
         lease_remaining,
         fingerprint: theirs,
@@ -254,14 +262,7 @@ pub async fn outcomes_and_payloads_round_trip(s: Subject) {
             ttl: s.ttl(),
         };
         assert!(s.store.complete(&key, token, completion).await.unwrap());
-        let claim = s
-            .store
-            .claim(s.request(&key, Token::random(), None))
-            .await
-            .unwrap();
-        let Claim::Done(stored) = claim else {
-            panic!("expected Done, got {claim:?}");
-        };
+        let stored = replayed(&s, &key).await;
         assert_eq!(stored.outcome, outcome);
         assert_eq!(
             stored.payload,
@@ -328,14 +329,7 @@ pub async fn expired_lease_is_taken_over_and_fenced(s: Subject) {
             .await
             .unwrap()
     );
-    let Claim::Done(stored) = s
-        .store
-        .claim(s.request(&key, Token::random(), None))
-        .await
-        .unwrap()
-    else {
-        panic!("expected Done");
-    };
+    let stored = replayed(&s, &key).await;
     assert_eq!(stored.payload, b"fresh");
 }
 
@@ -347,11 +341,7 @@ pub async fn renewal_extends_the_lease(s: Subject) {
     s.advance(2).await;
     assert!(s.store.renew(&key, token, s.lease()).await.unwrap());
     s.advance(2).await; // 4 units since the claim, 2 since the renewal
-    let claim = s
-        .store
-        .claim(s.request(&key, Token::random(), None))
-        .await
-        .unwrap();
+    let claim = claim_as_newcomer(&s, &key).await;
     assert!(
         matches!(claim, Claim::Busy { .. }),
         "renewed claim was taken: {claim:?}"
@@ -378,14 +368,7 @@ pub async fn finished_records_have_no_owner(s: Subject) {
     );
     assert!(!s.store.release(&key, token).await.unwrap());
     assert!(!s.store.renew(&key, token, s.lease()).await.unwrap());
-    let Claim::Done(stored) = s
-        .store
-        .claim(s.request(&key, Token::random(), None))
-        .await
-        .unwrap()
-    else {
-        panic!("expected Done");
-    };
+    let stored = replayed(&s, &key).await;
     assert_eq!(stored.payload, b"1");
 }
 
@@ -403,23 +386,13 @@ pub async fn done_record_expires_after_ttl(s: Subject) {
             .unwrap()
     );
     s.advance(4).await;
-    assert!(matches!(
-        s.store
-            .claim(s.request(&key, Token::random(), None))
-            .await
-            .unwrap(),
-        Claim::Done(_)
-    ));
+    assert!(matches!(claim_as_newcomer(&s, &key).await, Claim::Done(_)));
     s.advance(3).await;
     assert!(
         s.store.inspect(&key).await.unwrap().is_none(),
         "expired record is not live"
     );
-    let claim = s
-        .store
-        .claim(s.request(&key, Token::random(), None))
-        .await
-        .unwrap();
+    let claim = claim_as_newcomer(&s, &key).await;
     let Claim::Acquired { takeover, .. } = claim else {
         panic!("expected a fresh claim, got {claim:?}");
     };

@@ -57,3 +57,28 @@ pub trait AsTxConnection: Send {
     /// The connection under the transaction.
     fn tx_connection(&mut self) -> &mut Self::Connection;
 }
+
+/// `tx = conn` with a bare `&mut` connection: the claim runs in whatever
+/// transaction (or autocommit) the connection is in.
+impl<C: TxConnection> AsTxConnection for C {
+    type Connection = C;
+
+    fn tx_connection(&mut self) -> &mut C {
+        self
+    }
+}
+
+/// `tx = tx` with a `&mut sqlx::Transaction`, the usual case, on any dialect
+/// whose connection claims in transactions (PostgreSQL, MySQL, SQLite).
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+impl<DB> AsTxConnection for sqlx::Transaction<'_, DB>
+where
+    DB: sqlx::Database,
+    DB::Connection: TxConnection,
+{
+    type Connection = DB::Connection;
+
+    fn tx_connection(&mut self) -> &mut DB::Connection {
+        self
+    }
+}

@@ -16,8 +16,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::mysql::{
-    MySql, MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlPoolOptions,
-    MySqlRow,
+    MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlPoolOptions, MySqlRow,
 };
 use sqlx::{Connection as _, Row as _};
 
@@ -25,7 +24,7 @@ use super::migrate;
 use crate::clock::duration_millis;
 use crate::error::StoreError;
 use crate::key::{Fingerprint, Key};
-use crate::store::tx::{AsTxConnection, TxConnection};
+use crate::store::tx::TxConnection;
 use crate::store::{
     AsStore, Claim, ClaimRequest, Completion, DEFAULT_MAX_RESULT_BYTES, Outcome, RecordInfo,
     RecordState, Store, StoreRef, StoredResult, Token,
@@ -922,46 +921,6 @@ impl TxConnection for MySqlConnection {
 /// A connection does not know the URL it came from; say where it is instead.
 fn tx_err(e: sqlx::Error) -> StoreError {
     StoreError::new(BACKEND, "the caller's transaction", e)
-}
-
-/// `tx = conn` with a bare connection (the claim runs in whatever transaction,
-/// or autocommit, the connection is in).
-///
-/// ```no_run
-/// use sqlx::Connection as _;
-/// use idem_runtime::store::tx::AsTxConnection;
-///
-/// # async fn demo() -> Result<(), sqlx::Error> {
-/// let mut conn = sqlx::MySqlConnection::connect("mysql://app@127.0.0.1/orders").await?;
-/// let on = conn.tx_connection();
-/// # Ok(())
-/// # }
-/// ```
-impl AsTxConnection for MySqlConnection {
-    type Connection = MySqlConnection;
-
-    fn tx_connection(&mut self) -> &mut MySqlConnection {
-        self
-    }
-}
-
-/// `tx = tx` with a `sqlx::Transaction`: the usual case.
-///
-/// ```no_run
-/// use idem_runtime::store::tx::AsTxConnection;
-///
-/// # async fn demo(pool: sqlx::MySqlPool) -> Result<(), sqlx::Error> {
-/// let mut tx = pool.begin().await?;
-/// let on = tx.tx_connection();
-/// # Ok(())
-/// # }
-/// ```
-impl AsTxConnection for sqlx::Transaction<'_, MySql> {
-    type Connection = MySqlConnection;
-
-    fn tx_connection(&mut self) -> &mut MySqlConnection {
-        self
-    }
 }
 
 #[cfg(test)]

@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow, Postgres};
-use sqlx::{Connection as _, Executor as _, Row as _, Transaction};
+use sqlx::{Connection as _, Executor as _, Row as _};
 
 use super::migrate;
 use crate::clock::duration_millis;
 use crate::error::StoreError;
 use crate::key::{Fingerprint, Key};
-use crate::store::tx::{AsTxConnection, TxConnection};
+use crate::store::tx::TxConnection;
 use crate::store::{
     AsStore, Claim, ClaimRequest, Completion, DEFAULT_MAX_RESULT_BYTES, Outcome, RecordInfo,
     RecordState, Store, StoreRef, StoredResult, Token,
@@ -711,10 +711,9 @@ fn tx_err(e: impl Into<BoxError>) -> StoreError {
 /// serialization failure instead.
 ///
 /// A claim that finds the record held (DONE, or another owner's live lease)
-/// still locks its row until the caller's transaction ends, as every
-/// `ON CONFLICT DO UPDATE` does: later duplicates of that key, and the other
-/// owner's completion, wait for this transaction. Keep transactions around
-/// idempotent calls short.
+/// reads it without locking it (see `CLAIM`), so replays of a hot key do not
+/// queue behind each other's transactions; only a claim that takes the row
+/// holds its lock until the caller's transaction ends.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -761,69 +760,5 @@ impl TxConnection for PgConnection {
 
     async fn release(&mut self, key: &Key, token: Token) -> Result<bool, StoreError> {
         release_on(self, key, token).await.map_err(tx_err)
-    }
-}
-
-/// `#[idempotent(tx = tx)]` with `tx: &mut sqlx::Transaction<'_, Postgres>`:
-/// the record commits or rolls back with the business writes.
-///
-/// ```no_run
-/// use idem_runtime::idempotent;
-/// use sqlx::{Postgres, Transaction};
-///
-/// #[derive(Debug)]
-/// enum AppError { Idem(idem_runtime::Error), Db(sqlx::Error) }
-/// impl From<idem_runtime::Error> for AppError {
-///     fn from(e: idem_runtime::Error) -> Self { AppError::Idem(e) }
-/// }
-/// impl From<sqlx::Error> for AppError {
-///     fn from(e: sqlx::Error) -> Self { AppError::Db(e) }
-/// }
-///
-/// #[idempotent(key = "order_no", tx = tx)]
-/// async fn create_order(
-///     tx: &mut Transaction<'_, Postgres>,
-///     order_no: String,
-/// ) -> Result<i64, AppError> {
-///     let id = sqlx::query_scalar("INSERT INTO orders (order_no) VALUES ($1) RETURNING id")
-///         .bind(&order_no)
-///         .fetch_one(&mut **tx)
-///         .await?;
-///     Ok(id)
-/// }
-///
-/// # async fn run(pool: sqlx::PgPool) -> Result<(), AppError> {
-/// let mut tx = pool.begin().await?;
-/// let id = create_order(&mut tx, "c-1".into()).await?;
-/// tx.commit().await?;
-/// # Ok(())
-/// # }
-/// ```
-impl AsTxConnection for Transaction<'_, Postgres> {
-    type Connection = PgConnection;
-
-    fn tx_connection(&mut self) -> &mut PgConnection {
-        self
-    }
-}
-
-/// `tx = conn` with a `&mut PgConnection` on which the caller ran `BEGIN`
-/// (or none: then each statement commits on its own).
-///
-/// ```no_run
-/// use idem_runtime::store::tx::AsTxConnection;
-///
-/// # async fn run(pool: sqlx::PgPool) -> Result<(), sqlx::Error> {
-/// let mut pooled = pool.acquire().await?;
-/// let conn: &mut sqlx::PgConnection = &mut pooled;
-/// let same: &mut sqlx::PgConnection = conn.tx_connection();
-/// # Ok(())
-/// # }
-/// ```
-impl AsTxConnection for PgConnection {
-    type Connection = PgConnection;
-
-    fn tx_connection(&mut self) -> &mut PgConnection {
-        self
     }
 }

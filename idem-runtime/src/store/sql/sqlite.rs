@@ -16,7 +16,7 @@ use super::migrate;
 use crate::clock::{Clock, SystemClock, duration_millis};
 use crate::error::StoreError;
 use crate::key::{Fingerprint, Key};
-use crate::store::tx::{AsTxConnection, TxConnection};
+use crate::store::tx::TxConnection;
 use crate::store::{
     AsStore, Claim, ClaimRequest, Completion, DEFAULT_MAX_RESULT_BYTES, Outcome, RecordInfo,
     RecordState, Store, StoreRef, StoredResult, Token,
@@ -566,22 +566,6 @@ impl TxConnection for SqliteConnection {
 
 fn tx_err(e: sqlx::Error) -> StoreError {
     StoreError::new(BACKEND, "the caller's transaction", e)
-}
-
-impl AsTxConnection for SqliteConnection {
-    type Connection = SqliteConnection;
-
-    fn tx_connection(&mut self) -> &mut SqliteConnection {
-        self
-    }
-}
-
-impl AsTxConnection for sqlx::Transaction<'_, sqlx::Sqlite> {
-    type Connection = SqliteConnection;
-
-    fn tx_connection(&mut self) -> &mut SqliteConnection {
-        self
-    }
 }
 
 impl AsStore for SqliteStore {
