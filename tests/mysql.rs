@@ -166,6 +166,26 @@ async fn lock_wait_timeout_on_the_pool_is_retried() {
 
 // --- the caller's transaction ----------------------------------------------
 
+/// A transaction in which `key` was claimed and completed with `payload`, left
+/// open for the test to commit or roll back.
+async fn claimed_and_completed(
+    store: &MySqlStore,
+    key: &Key,
+    payload: &[u8],
+) -> sqlx::Transaction<'static, sqlx::MySql> {
+    let token = Token::random();
+    let mut tx = store.pool().begin().await.unwrap();
+    let claim = tx.tx_connection().claim(request(key, token)).await.unwrap();
+    assert!(matches!(claim, Claim::Acquired { .. }), "got {claim:?}");
+    assert!(
+        tx.tx_connection()
+            .complete(key, token, success(payload))
+            .await
+            .unwrap()
+    );
+    tx
+}
+
 /// The reference's "record exists but the business did not run": a claim and
 /// completion inside a transaction that rolls back leave nothing behind, and a
 /// retry runs.
@@ -173,20 +193,7 @@ async fn lock_wait_timeout_on_the_pool_is_retried() {
 async fn rolled_back_transaction_leaves_no_record() {
     let Some(store) = store().await else { return };
     let key = fresh_key("mysql-tx-rollback");
-    let token = Token::random();
-    let mut tx = store.pool().begin().await.unwrap();
-    let claim = tx
-        .tx_connection()
-        .claim(request(&key, token))
-        .await
-        .unwrap();
-    assert!(matches!(claim, Claim::Acquired { .. }), "got {claim:?}");
-    assert!(
-        tx.tx_connection()
-            .complete(&key, token, success(b"1"))
-            .await
-            .unwrap()
-    );
+    let tx = claimed_and_completed(&store, &key, b"1").await;
     tx.rollback().await.unwrap();
 
     assert!(
@@ -202,20 +209,7 @@ async fn rolled_back_transaction_leaves_no_record() {
 async fn committed_transaction_replays() {
     let Some(store) = store().await else { return };
     let key = fresh_key("mysql-tx-commit");
-    let token = Token::random();
-    let mut tx = store.pool().begin().await.unwrap();
-    let claim = tx
-        .tx_connection()
-        .claim(request(&key, token))
-        .await
-        .unwrap();
-    assert!(matches!(claim, Claim::Acquired { .. }), "got {claim:?}");
-    assert!(
-        tx.tx_connection()
-            .complete(&key, token, success(b"{\"order\":9}"))
-            .await
-            .unwrap()
-    );
+    let tx = claimed_and_completed(&store, &key, b"{\"order\":9}").await;
     tx.commit().await.unwrap();
 
     let Claim::Done(stored) = store.claim(request(&key, Token::random())).await.unwrap() else {
