@@ -892,3 +892,43 @@ async fn consumers_of_different_events_on_one_order_do_not_share_records() {
     assert_eq!(ledger.on_refund(ev()).await.unwrap(), "refunded 42 #1");
     assert_eq!((count(&ledger.settles), count(&ledger.refunds)), (1, 1));
 }
+
+struct Panicky {
+    store: MemoryStore,
+    runs: AtomicUsize,
+}
+
+impl Panicky {
+    #[idempotent(key = "id", scope = "panicky.run", store = self.store)]
+    async fn run(&self, id: u64, explode: bool) -> Result<u64, AppError> {
+        self.runs.fetch_add(1, SeqCst);
+        if explode {
+            panic!("the body panicked");
+        }
+        Ok(id)
+    }
+}
+
+/// A body that panics is a crash: its claim stays until the lease runs out,
+/// duplicates get `InProgress` meanwhile, and then a retry takes over.
+#[tokio::test]
+async fn a_panicking_body_keeps_its_claim_until_the_lease_and_is_then_taken_over() {
+    use futures_util::FutureExt as _;
+
+    let (store, clock) = manual_store();
+    let svc = Panicky {
+        store,
+        runs: AtomicUsize::new(0),
+    };
+    let crashed = std::panic::AssertUnwindSafe(svc.run(5, true))
+        .catch_unwind()
+        .await;
+    assert!(crashed.is_err(), "the body's panic reaches the caller");
+    assert!(matches!(
+        idem_err(svc.run(5, false).await),
+        Error::InProgress { .. }
+    ));
+    clock.advance(Duration::from_secs(31)); // past the default 30 s lease
+    assert_eq!(svc.run(5, false).await.unwrap(), 5);
+    assert_eq!(count(&svc.runs), 2, "the crashed run and the takeover");
+}
