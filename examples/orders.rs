@@ -72,7 +72,7 @@ impl OrderService {
 
     // The key is the business intent, never a timestamp or a request id. `wait`
     // makes a concurrent duplicate wait for the first call and get its result.
-    #[idempotent(key = "req.user_id|req.sku|req.client_order_no", ttl = "24h", wait = "5s", store = self.store.clone())]
+    #[idempotent(scope = "orders.create", key = "req.user_id|req.sku|req.client_order_no", ttl = "24h", wait = "5s", store = self.store.clone())]
     async fn create_order(&self, req: CreateOrder) -> Result<Order, AppError> {
         self.deduct_stock(&req).await?;
         let id = self.insert_order(&req).await?;

@@ -63,7 +63,7 @@ impl Inventory {
         }
     }
 
-    #[idempotent(key = "sku|qty", store = self.store)]
+    #[idempotent(scope = "macro_pass.Inventory.reserve", key = "sku|qty", store = self.store)]
     async fn reserve(&self, sku: u64, qty: u32) -> Result<u64, AppError> {
         self.runs.fetch_add(1, SeqCst);
         if qty > 10 {
@@ -73,7 +73,7 @@ impl Inventory {
     }
 
     /// Holds a non-`Copy` value across an await: the future must still be `Send`.
-    #[idempotent(key = "id", store = self.store)]
+    #[idempotent(scope = "macro_pass.Inventory.hold_across_await", key = "id", store = self.store)]
     async fn hold_across_await(&self, id: u64) -> Result<String, AppError> {
         let held = format!("held-{id}");
         tokio::task::yield_now().await;
@@ -101,7 +101,7 @@ struct Account {
 }
 
 impl Account {
-    #[idempotent(key = "deposit_id", store = self.store.clone())]
+    #[idempotent(scope = "macro_pass.Account.deposit", key = "deposit_id", store = self.store.clone())]
     async fn deposit(&mut self, deposit_id: u64, amount: u64) -> Result<u64, AppError> {
         self.balance += amount;
         Ok(self.balance)
@@ -151,7 +151,7 @@ struct Gateway {
 }
 
 impl Payments for Gateway {
-    #[idempotent(key = "payment_id", store = self.store)]
+    #[idempotent(scope = "macro_pass.Gateway.pay", key = "payment_id", store = self.store)]
     async fn pay(&self, payment_id: u64, cents: u64) -> Result<String, AppError> {
         let n = self.runs.fetch_add(1, SeqCst) + 1;
         Ok(format!("pay-{payment_id}: {cents} (charge #{n})"))
@@ -299,7 +299,7 @@ struct Flow {
 }
 
 impl Flow {
-    #[idempotent(key = "id", store = self.store)]
+    #[idempotent(scope = "macro_pass.Flow.run", key = "id", store = self.store)]
     async fn run(&self, id: u64) -> Result<String, AppError> {
         let a = self.fetch(id).await?;
         Ok(format!("{a}!"))

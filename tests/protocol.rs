@@ -71,7 +71,7 @@ impl Orders {
         }
     }
 
-    #[idempotent(key = "order_id", store = self.store)]
+    #[idempotent(scope = "protocol.Orders.create", key = "order_id", store = self.store)]
     async fn create(&self, order_id: u64) -> Result<String, AppError> {
         let n = self.runs.fetch_add(1, SeqCst) + 1;
         if self.fail_next.swap(false, SeqCst) {
@@ -161,7 +161,7 @@ struct Payments {
 }
 
 impl Payments {
-    #[idempotent(key = "card", final_err = PayError::is_final, store = self.store)]
+    #[idempotent(scope = "protocol.Payments.charge", key = "card", final_err = PayError::is_final, store = self.store)]
     async fn charge(&self, card: &str) -> Result<u64, PayError> {
         let n = self.runs.fetch_add(1, SeqCst) + 1;
         match card {
@@ -289,7 +289,7 @@ struct LongRunning {
 }
 
 impl LongRunning {
-    #[idempotent(key = "id", lease = "300ms", store = self.store)]
+    #[idempotent(scope = "protocol.LongRunning.work", key = "id", lease = "300ms", store = self.store)]
     async fn work(&self, id: u64) -> Result<usize, AppError> {
         let n = self.runs.fetch_add(1, SeqCst) + 1;
         tokio::time::sleep(Duration::from_millis(1000)).await;
@@ -366,7 +366,7 @@ struct Transfers {
 }
 
 impl Transfers {
-    #[idempotent(
+    #[idempotent(scope = "protocol.Transfers.send", 
         key = "t.client_ref",
         fingerprint = "t.amount|t.currency",
         store = self.store
@@ -414,10 +414,32 @@ impl Codec {
     }
 
     #[idempotent(key = "id", scope = "codec.shared", store = self.store)]
+    async fn as_email(&self, id: u64) -> Result<String, AppError> {
+        Ok("jane.doe@example.com".into())
+    }
+
+    #[idempotent(key = "id", scope = "codec.shared", store = self.store)]
     async fn as_number(&self, id: u64) -> Result<u64, AppError> {
         self.number_runs.fetch_add(1, SeqCst);
         Ok(id)
     }
+}
+
+#[tokio::test]
+async fn a_codec_error_never_quotes_the_stored_value() {
+    let svc = Codec::default();
+    // serde_json alone would say `invalid type: string "jane.doe@example.com"`.
+    assert_eq!(svc.as_email(5).await.unwrap(), "jane.doe@example.com");
+    let err = idem_err(svc.as_number(5).await);
+    let Error::Codec { source, .. } = &err else {
+        panic!("expected a codec error, got {err:?}");
+    };
+    assert_eq!(source.category(), serde_json::error::Category::Data);
+    assert_eq!((source.line(), source.column()), (1, 22));
+    for text in [err.to_string(), format!("{err:?}"), format!("{source:#?}")] {
+        assert!(!text.contains("jane"), "the stored value leaked: {text}");
+    }
+    assert!(err.to_string().contains("line 1, column 22"), "{err}");
 }
 
 #[tokio::test]
@@ -439,7 +461,7 @@ struct Reports {
 }
 
 impl Reports {
-    #[idempotent(key = "id", store = self.store)]
+    #[idempotent(scope = "protocol.Reports.render", key = "id", store = self.store)]
     async fn render(&self, id: u64) -> Result<String, AppError> {
         self.runs.fetch_add(1, SeqCst);
         Ok("x".repeat(1024))
@@ -573,7 +595,7 @@ impl Guarded {
         }
     }
 
-    #[idempotent(key = "id", store = self.store)]
+    #[idempotent(scope = "protocol.Guarded.debit", key = "id", store = self.store)]
     async fn debit(&self, id: u64) -> Result<u64, AppError> {
         self.runs.fetch_add(1, SeqCst);
         Ok(id)
@@ -659,7 +681,7 @@ struct Shop {
 }
 
 impl Shop {
-    #[idempotent(key = "order_id", store = self.store)]
+    #[idempotent(scope = "protocol.Shop.checkout", key = "order_id", store = self.store)]
     async fn checkout(&self, order_id: u64) -> Result<Receipt, AppError> {
         self.checkout_runs.fetch_add(1, SeqCst);
         let ticket = self.reserve(order_id).await?;
@@ -693,7 +715,7 @@ impl Shop {
         Ok(format!("notice-{order_id}-{n}"))
     }
 
-    #[idempotent(key = "shipment_id", store = self.store)]
+    #[idempotent(scope = "protocol.Shop.ship", key = "shipment_id", store = self.store)]
     async fn ship(&self, shipment_id: u64, skus: Vec<u64>) -> Result<Vec<String>, AppError> {
         self.ship_runs.fetch_add(1, SeqCst);
         let mut labels = Vec::new();

@@ -225,6 +225,65 @@ async fn sqlite_a_record_that_cannot_be_written_fails_the_call() {
     assert_eq!(count_orders(&store).await, 0);
 }
 
+/// A bare connection in autocommit: the claim would commit at once with no
+/// heartbeat while the body holds the connection, so a slow body could be
+/// taken over while alive. It is refused before anything runs or is written.
+#[idempotent(key = "order_no", tx = conn, scope = "tx-tests.sqlite.autocommit")]
+async fn create_on_connection(
+    conn: &mut sqlx::SqliteConnection,
+    order_no: String,
+) -> Result<i64, AppError> {
+    SQLITE_RUNS.fetch_add(1, Ordering::SeqCst);
+    let id: i64 = sqlx::query_scalar("INSERT INTO orders (order_no) VALUES (?1) RETURNING id")
+        .bind(&order_no)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(id)
+}
+
+#[tokio::test]
+async fn sqlite_a_connection_in_autocommit_is_refused_and_one_in_a_transaction_works() {
+    let store = sqlite().await;
+    let runs = SQLITE_RUNS.load(Ordering::SeqCst);
+    let mut conn = store.pool().acquire().await.unwrap();
+    let err = create_on_connection(&mut conn, "o-auto".into())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AppError::Idem(idem_runtime::Error::NotInTransaction { .. })
+        ),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("begin()"),
+        "says what to do: {err}"
+    );
+    assert_eq!(
+        SQLITE_RUNS.load(Ordering::SeqCst),
+        runs,
+        "the body never ran"
+    );
+    // The in-memory pool has one connection: hand it back to count.
+    drop(conn);
+    assert_eq!(count_orders(&store).await, 0);
+    let autocommit_key = Key::builder("tx-tests.sqlite.autocommit")
+        .part("o-auto")
+        .finish();
+    assert!(store.inspect(&autocommit_key).await.unwrap().is_none());
+
+    // A connection inside a transaction begun through sqlx is accepted.
+    let mut conn = store.pool().acquire().await.unwrap();
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    create_on_connection(&mut tx, "o-auto".into())
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    drop(conn);
+    assert_eq!(count_orders(&store).await, 1);
+}
+
 mod postgres {
     //! The same through the attribute on PostgreSQL, where a concurrent
     //! duplicate blocks on the record's primary key.
@@ -339,5 +398,41 @@ mod postgres {
         assert_eq!(one, 1);
         assert_eq!(orders(&store, &no).await, 1);
         // A second run of the body would have failed on the UNIQUE order_no.
+    }
+
+    #[idempotent(key = "order_no", tx = conn, scope = "tx-tests.pg.autocommit")]
+    async fn create_on_connection(
+        conn: &mut sqlx::PgConnection,
+        order_no: String,
+    ) -> Result<i64, AppError> {
+        let id: i64 =
+            sqlx::query_scalar("INSERT INTO tx_test_orders (order_no) VALUES ($1) RETURNING id")
+                .bind(&order_no)
+                .fetch_one(&mut *conn)
+                .await?;
+        Ok(id)
+    }
+
+    #[tokio::test]
+    async fn a_connection_in_autocommit_is_refused_before_the_body_runs() {
+        let Some(store) = pg().await else { return };
+        let no = order_no("autocommit");
+        let mut conn = store.pool().acquire().await.unwrap();
+        let err = create_on_connection(&mut conn, no.clone())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                AppError::Idem(idem_runtime::Error::NotInTransaction { .. })
+            ),
+            "{err:?}"
+        );
+        assert_eq!(orders(&store, &no).await, 0, "the body never ran");
+        let key = Key::builder("tx-tests.pg.autocommit").part(&no).finish();
+        assert!(
+            store.inspect(&key).await.unwrap().is_none(),
+            "nothing claimed"
+        );
     }
 }

@@ -58,9 +58,33 @@ pub enum Error {
     Codec {
         /// The scope of the call.
         scope: String,
-        /// What serde said.
+        /// What went wrong, without the data it went wrong on.
         #[source]
-        source: serde_json::Error,
+        source: CodecError,
+    },
+
+    /// The call's lease was taken over by another caller while its body was
+    /// still running (it stalled past the lease), so it starts no new step: the
+    /// caller that took over runs the flow, and this one's completion would be
+    /// fenced off anyway.
+    #[error(
+        "`{scope}`: this call lost its lease to another caller while it ran, so it starts no new step; the newer owner finishes the flow"
+    )]
+    LeaseLost {
+        /// The scope of the step that did not start.
+        scope: String,
+    },
+
+    /// `tx = …` named a connection that is not inside a transaction. In
+    /// autocommit the claim would commit at once with nothing renewing its
+    /// lease while the body runs, so a slow body could be taken over while
+    /// alive and run twice.
+    #[error(
+        "`{scope}`: `tx = …` needs a connection inside a transaction: pass the `sqlx::Transaction` from `begin()` (or use `store = …`, which renews its lease)"
+    )]
+    NotInTransaction {
+        /// The scope of the call.
+        scope: String,
     },
 
     /// The first call's result was larger than the store's cap, so it was not
@@ -88,6 +112,105 @@ pub enum Error {
     )]
     NoStore,
 }
+
+/// Why stored bytes did not decode (or a result did not encode), reduced to
+/// serde's category and position.
+///
+/// serde's own messages quote the offending value (`invalid type: string
+/// "jane.doe@example.com"`); stored results hold customers' data, and errors
+/// end up in logs, so the value is dropped.
+///
+/// ```
+/// use idem_runtime::CodecError;
+///
+/// let e = serde_json::from_str::<u64>(r#""jane.doe@example.com""#).unwrap_err();
+/// let safe = CodecError::from(e);
+/// assert!(!safe.to_string().contains("jane"));
+/// assert_eq!(safe.to_string(), "a value of another type or shape at line 1, column 22");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CodecError {
+    category: serde_json::error::Category,
+    line: usize,
+    column: usize,
+    encoding: bool,
+}
+
+impl CodecError {
+    /// A result that did not encode: no position, only the category.
+    pub(crate) fn encoding(e: &serde_json::Error) -> Self {
+        CodecError {
+            category: e.classify(),
+            line: 0,
+            column: 0,
+            encoding: true,
+        }
+    }
+
+    /// The first call's result did not encode (its record says so).
+    pub(crate) fn unencodable() -> Self {
+        CodecError {
+            category: serde_json::error::Category::Data,
+            line: 0,
+            column: 0,
+            encoding: true,
+        }
+    }
+
+    /// Syntax, data (another type or shape), or end of input.
+    pub fn category(&self) -> serde_json::error::Category {
+        self.category
+    }
+
+    /// The line of the stored JSON where decoding stopped (1-based; 0 when
+    /// encoding failed).
+    pub fn line(&self) -> usize {
+        self.line
+    }
+
+    /// The column where decoding stopped (1-based; 0 when encoding failed).
+    pub fn column(&self) -> usize {
+        self.column
+    }
+
+    /// Whether this was a result that could not be encoded (rather than stored
+    /// bytes that could not be decoded).
+    pub fn is_encoding(&self) -> bool {
+        self.encoding
+    }
+}
+
+impl From<serde_json::Error> for CodecError {
+    fn from(e: serde_json::Error) -> Self {
+        CodecError {
+            category: e.classify(),
+            line: e.line(),
+            column: e.column(),
+            encoding: false,
+        }
+    }
+}
+
+impl fmt::Display for CodecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use serde_json::error::Category;
+        if self.encoding {
+            return f.write_str(match self.category {
+                Category::Io => "the result could not be written as JSON (an I/O failure)",
+                _ => "the result could not be encoded as JSON (its Serialize impl failed)",
+            });
+        }
+        let what = match self.category {
+            Category::Io => "an I/O failure",
+            Category::Syntax => "bytes that are not valid JSON",
+            Category::Data => "a value of another type or shape",
+            Category::Eof => "JSON that ends early",
+        };
+        write!(f, "{what} at line {}, column {}", self.line, self.column)
+    }
+}
+
+impl std::error::Error for CodecError {}
 
 /// A failure inside a store: the backend, where it was, and what went wrong.
 ///

@@ -1,12 +1,13 @@
 //! The context of the idempotent call in progress: what steps and downstream
 //! calls inside the body see.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::key::Key;
+use crate::key::{Fingerprint, Key};
 use crate::store::StoreRef;
 
 tokio::task_local! {
@@ -19,32 +20,120 @@ pub(crate) struct FlowContext {
     pub(crate) store: Option<StoreRef>,
     pub(crate) ttl: Duration,
     pub(crate) lease: Duration,
-    // How many times each step name has been called in this run of the flow.
-    occurrences: Mutex<HashMap<&'static str, u64>>,
+    /// The fence of this call's claim (`None` when the claim did not say).
+    pub(crate) fence: Option<u64>,
+    /// What step keys hang off: the flow key, bound to the payload fingerprint
+    /// when there is one, so a retry with another payload (after a release or a
+    /// takeover) never replays the steps of the first.
+    step_root: Key,
+    lease_lost: AtomicBool,
+    // The flow this call runs inside (a step's body runs inside its flow): a
+    // lost lease up the chain stops new steps down here too.
+    parent: Option<Arc<FlowContext>>,
+    occurrences: Mutex<HashMap<&'static str, Occurrences>>,
+}
+
+/// How a step name's calls are numbered within one run of a flow.
+///
+/// A number is spent only when a call of the step reaches a stored outcome: a
+/// failed attempt hands its number back, so a body that retries a flaky step
+/// in a loop records the attempt that succeeded under the same number a
+/// retry of the whole flow will look up. Numbers in flight are skipped, so
+/// concurrent calls of one step never share a record.
+#[derive(Default)]
+struct Occurrences {
+    finished: BTreeSet<u64>,
+    in_flight: BTreeSet<u64>,
+}
+
+impl Occurrences {
+    fn take(&mut self) -> u64 {
+        let n = (0..)
+            .find(|n| !self.finished.contains(n) && !self.in_flight.contains(n))
+            .expect("a free occurrence number");
+        self.in_flight.insert(n);
+        n
+    }
+}
+
+/// One numbered call of a step; hands its number back unless it finished.
+pub(crate) struct Occurrence {
+    flow: Arc<FlowContext>,
+    name: &'static str,
+    pub(crate) number: u64,
+    finished: bool,
+}
+
+impl Occurrence {
+    /// The step reached a stored outcome: its number is spent for this run.
+    pub(crate) fn finish(mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for Occurrence {
+    fn drop(&mut self) {
+        let mut map = self.flow.lock_occurrences();
+        let slots = map.entry(self.name).or_default();
+        slots.in_flight.remove(&self.number);
+        if self.finished {
+            slots.finished.insert(self.number);
+        }
+    }
 }
 
 impl FlowContext {
     pub(crate) fn new(
         key: Key,
+        fingerprint: Option<Fingerprint>,
         store: Option<StoreRef>,
         ttl: Duration,
         lease: Duration,
+        fence: Option<u64>,
     ) -> Arc<Self> {
+        let step_root = match fingerprint {
+            Some(fp) => key.derive(&format!("fingerprint:{}", hex::encode(fp.as_bytes()))),
+            None => key,
+        };
         Arc::new(FlowContext {
             key,
             store,
             ttl,
             lease,
+            fence,
+            step_root,
+            lease_lost: AtomicBool::new(false),
+            parent: current(),
             occurrences: Mutex::new(HashMap::new()),
         })
     }
 
-    pub(crate) fn next_occurrence(&self, step: &'static str) -> u64 {
-        let mut map = self.occurrences.lock().unwrap_or_else(|p| p.into_inner());
-        let n = map.entry(step).or_insert(0);
-        let current = *n;
-        *n += 1;
-        current
+    fn lock_occurrences(&self) -> std::sync::MutexGuard<'_, HashMap<&'static str, Occurrences>> {
+        self.occurrences.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Numbers the next call of `step` and returns its record's key.
+    pub(crate) fn next_occurrence(self: &Arc<Self>, step: &'static str) -> (Occurrence, Key) {
+        let number = self.lock_occurrences().entry(step).or_default().take();
+        let key = self.step_root.derive_indexed(step, number);
+        let occurrence = Occurrence {
+            flow: Arc::clone(self),
+            name: step,
+            number,
+            finished: false,
+        };
+        (occurrence, key)
+    }
+
+    /// The heartbeat found another owner on the record.
+    pub(crate) fn mark_lease_lost(&self) {
+        self.lease_lost.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether this call, or a flow it runs inside, lost its lease.
+    pub(crate) fn lease_lost(&self) -> bool {
+        self.lease_lost.load(Ordering::Relaxed)
+            || self.parent.as_ref().is_some_and(|p| p.lease_lost())
     }
 }
 
@@ -85,4 +174,48 @@ pub(crate) fn current() -> Option<Arc<FlowContext>> {
 /// ```
 pub fn current_key() -> Option<Key> {
     FLOW.try_with(|f| f.key).ok()
+}
+
+/// The fence of the idempotent call (or step) running on this task: a number
+/// that grows with every acquisition of its key.
+///
+/// Pass it downstream with a write (a version column, a fencing token) so the
+/// system that receives it can refuse a write from an owner that was taken
+/// over. `None` outside an idempotent call.
+///
+/// ```
+/// #[derive(Debug)]
+/// struct AppError(idem_runtime::Error);
+/// impl From<idem_runtime::Error> for AppError {
+///     fn from(e: idem_runtime::Error) -> Self { AppError(e) }
+/// }
+///
+/// #[idem_runtime::idempotent(key = "order_id", store = idem_runtime::store::memory::MemoryStore::new())]
+/// async fn ship(order_id: u64) -> Result<u64, AppError> {
+///     Ok(idem_runtime::current_fence().expect("inside an idempotent call"))
+/// }
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// assert!(ship(7).await.unwrap() >= 1);
+/// assert!(idem_runtime::current_fence().is_none());
+/// # });
+/// ```
+pub fn current_fence() -> Option<u64> {
+    FLOW.try_with(|f| f.fence).ok().flatten()
+}
+
+/// Whether the idempotent call running on this task has lost its lease: its
+/// heartbeat found the record owned by a caller that took it over.
+///
+/// A stale owner cannot start new steps (they fail with
+/// [`Error::LeaseLost`](crate::Error::LeaseLost)) and its completion is fenced
+/// off, but work that is not a step (a direct write, a loop) is the body's to
+/// stop: check this before an effect that a step does not guard. `false`
+/// outside an idempotent call.
+///
+/// ```
+/// assert!(!idem_runtime::lease_lost());
+/// ```
+pub fn lease_lost() -> bool {
+    FLOW.try_with(|f| f.lease_lost()).unwrap_or(false)
 }

@@ -62,8 +62,8 @@ pub use idem_macros::idempotent;
 pub use idem_macros::step;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use error::{Error, StoreError};
-pub use flow::current_key;
+pub use error::{CodecError, Error, StoreError};
+pub use flow::{current_fence, current_key, lease_lost};
 pub use global::install;
 pub use key::{Fingerprint, Key, KeyEncoder, KeyPart};
 pub use store::{

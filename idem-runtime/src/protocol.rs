@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
-use crate::error::Error;
+use crate::error::{CodecError, Error};
 use crate::flow::{self, FlowContext};
 use crate::key::{Fingerprint, Key};
 use crate::observe;
@@ -303,6 +303,15 @@ where
 {
     let span = tracing::debug_span!("idem", scope = spec.scope, key = %key.short(), tx = true);
     async move {
+        // Outside a transaction the claim would commit at once as PROCESSING
+        // with nothing renewing its lease while the body runs (the body holds
+        // the connection), so a slow body would be taken over while alive.
+        if !conn.tx_connection().in_transaction() {
+            return Err(Error::NotInTransaction {
+                scope: spec.scope.to_owned(),
+            }
+            .into());
+        }
         let token = Token::random();
         let req = ClaimRequest {
             key: &key,
@@ -317,13 +326,13 @@ where
         let claim = claim
             .inspect_err(|e| claim_failed(spec, e))
             .map_err(Error::from)?;
-        match judge(spec, claim, fingerprint)? {
+        let fence = match judge(spec, claim, fingerprint)? {
             Verdict::Decided(Acquired::Replay(stored)) => return replay(spec, stored, &ReleaseAll),
             // A committed PROCESSING record from a call outside any transaction.
             Verdict::Busy(lease_remaining) => return Err(in_progress(spec, lease_remaining).into()),
-            Verdict::Decided(Acquired::Owner { .. }) => {}
-        }
-        let ctx = FlowContext::new(key, None, spec.ttl, spec.lease);
+            Verdict::Decided(Acquired::Owner { fence }) => fence,
+        };
+        let ctx = FlowContext::new(key, fingerprint, None, spec.ttl, spec.lease, Some(fence));
         let out = flow::scope(ctx, body(&mut *conn)).await;
         finish(spec, conn.tx_connection(), &key, token, out, &ReleaseAll).await
     }
@@ -335,8 +344,15 @@ where
 /// attempt of the flow finished it, runs it otherwise. Outside a flow the body
 /// simply runs.
 ///
-/// Steps are told apart by `name` and by how many times the flow has already
-/// called a step of that name, so a step called in a loop records each call.
+/// Steps are told apart by `name` and by how many calls of that name already
+/// finished in this run of the flow: a step called in a loop records each
+/// call, and a failed attempt that the body retries reuses its number, so a
+/// retry of the whole flow finds the attempt that succeeded. When the flow
+/// declares a fingerprint, step records are bound to it: another payload never
+/// sees them.
+///
+/// A flow whose lease was taken over starts no new step: the call fails with
+/// [`Error::LeaseLost`].
 pub async fn run_step<T, E, F>(name: &'static str, body: F) -> Result<T, E>
 where
     T: Cacheable,
@@ -349,8 +365,17 @@ where
         tracing::trace!(step = name, "step outside a store-backed flow; running it");
         return body.await;
     };
-    let occurrence = flow.next_occurrence(name);
-    let key = flow.key.derive_indexed(name, occurrence);
+    if flow.lease_lost() {
+        tracing::warn!(
+            step = name,
+            "the flow's lease was taken over; not starting the step"
+        );
+        return Err(Error::LeaseLost {
+            scope: name.to_owned(),
+        }
+        .into());
+    }
+    let (occurrence, key) = flow.next_occurrence(name);
     // A takeover can find the step still claimed by the crashed previous owner for
     // the few milliseconds its step lease outlives the flow lease: wait that out.
     let spec = Spec {
@@ -360,7 +385,13 @@ where
         lease: flow.lease,
         wait: Some(flow.lease),
     };
-    run(&spec, Some(store), key, None, body, &ReleaseAll).await
+    let out = run(&spec, Some(store), key, None, body, &ReleaseAll).await;
+    // Only a finished step spends its number; an `Err` (released, in progress,
+    // a store failure) hands it back to the next call of this step.
+    if out.is_ok() {
+        occurrence.finish();
+    }
+    out
 }
 
 async fn run<T, E, F, P>(
@@ -387,8 +418,16 @@ where
             Acquired::Replay(stored) => replay(spec, stored, policy),
             Acquired::Owner { fence } => {
                 tracing::Span::current().record("fence", fence);
-                let ctx = FlowContext::new(key, Some(store.clone()), spec.ttl, spec.lease);
-                let out = flow::scope(ctx, heartbeat(&store, &key, token, spec.lease, body)).await;
+                let ctx = FlowContext::new(
+                    key,
+                    fingerprint,
+                    Some(store.clone()),
+                    spec.ttl,
+                    spec.lease,
+                    Some(fence),
+                );
+                let beat = heartbeat(&store, &key, token, spec.lease, &ctx, body);
+                let out = flow::scope(ctx.clone(), beat).await;
                 let mut store = store;
                 finish(spec, &mut store, &key, token, out, policy).await
             }
@@ -500,7 +539,8 @@ where
     E: FromIdemError,
     P: ErrorPolicy<E>,
 {
-    let codec_error = |source| {
+    let codec_error = |e: serde_json::Error| {
+        let source = CodecError::from(e);
         observe::call(spec, "codec_error");
         tracing::error!(error = %source, "stored result does not decode");
         E::from(Error::Codec {
@@ -528,11 +568,9 @@ where
                     size,
                     limit,
                 },
-                Unstored::EncodeFailed { message } => Error::Codec {
+                Unstored::EncodeFailed { .. } => Error::Codec {
                     scope: spec.scope.to_owned(),
-                    source: serde::de::Error::custom(format!(
-                        "the first call's result could not be encoded: {message}"
-                    )),
+                    source: CodecError::unencodable(),
                 },
             }))
         }
@@ -543,8 +581,15 @@ where
 #[derive(Debug, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 enum Unstored {
-    TooLarge { size: usize, limit: usize },
-    EncodeFailed { message: String },
+    TooLarge {
+        size: usize,
+        limit: usize,
+    },
+    // serde's message is not stored: it may quote the value.
+    EncodeFailed {
+        #[serde(alias = "message")]
+        category: String,
+    },
 }
 
 /// Polls the body and, beside it, renews the lease every third of it, so a long
@@ -554,6 +599,7 @@ async fn heartbeat<F: Future>(
     key: &Key,
     token: Token,
     lease: Duration,
+    ctx: &FlowContext,
     body: F,
 ) -> F::Output {
     let period = (lease / 3).max(Duration::from_millis(10));
@@ -563,8 +609,9 @@ async fn heartbeat<F: Future>(
             match store.renew(key, token, lease).await {
                 Ok(true) => {}
                 Ok(false) => {
+                    ctx.mark_lease_lost();
                     tracing::warn!(
-                        "lease lost: another caller took over this key; its completion will win"
+                        "lease lost: another caller took over this key; no new step starts and its completion will win"
                     );
                     break;
                 }
@@ -661,15 +708,11 @@ where
     let (outcome, payload) = match &out {
         Ok(value) => match serde_json::to_vec(value) {
             Ok(bytes) => (Outcome::Success, bytes),
-            Err(e) => unstored(Unstored::EncodeFailed {
-                message: e.to_string(),
-            }),
+            Err(e) => unencodable(&e),
         },
         Err(err) => match policy.keep(err) {
             Some(Ok(bytes)) => (Outcome::FinalError, bytes),
-            Some(Err(e)) => unstored(Unstored::EncodeFailed {
-                message: e.to_string(),
-            }),
+            Some(Err(e)) => unencodable(&e),
             None => {
                 observe::call(spec, "failed");
                 if let Err(e) = store.release(key, token).await {
@@ -721,6 +764,14 @@ where
         }
     }
     out
+}
+
+fn unencodable(e: &serde_json::Error) -> (Outcome, Vec<u8>) {
+    let source = CodecError::encoding(e);
+    tracing::error!(error = %source, "the result does not encode; duplicates will get a codec error");
+    unstored(Unstored::EncodeFailed {
+        category: format!("{:?}", source.category()),
+    })
 }
 
 fn unstored(why: Unstored) -> (Outcome, Vec<u8>) {

@@ -3,6 +3,7 @@
 //! (each has a trybuild case under `tests/ui`).
 
 mod clock_types;
+mod default_scope;
 pub(crate) mod durations;
 mod signature;
 mod time_like_names;
@@ -62,6 +63,7 @@ pub(crate) fn idempotent<'a>(
             );
         }
     }
+    default_scope::check(&func.sig, args.scope.is_some(), errors);
     if let Some(scope) = &args.scope {
         if scope.value().trim().is_empty() {
             errors.error(scope, "`scope` is empty: name the namespace of these keys, e.g. scope = \"orders.create\"");

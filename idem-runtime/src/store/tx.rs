@@ -29,6 +29,12 @@ pub trait TxConnection: Send {
         crate::store::DEFAULT_MAX_RESULT_BYTES
     }
 
+    /// Whether the connection is inside a transaction. The protocol refuses a
+    /// connection in autocommit: nothing would renew its claim's lease while
+    /// the body runs (the body holds the connection), so a slow body could be
+    /// taken over while alive.
+    fn in_transaction(&self) -> bool;
+
     /// [`crate::Store::claim`], on this connection.
     async fn claim(&mut self, req: ClaimRequest<'_>) -> Result<Claim, StoreError>;
 
@@ -58,8 +64,9 @@ pub trait AsTxConnection: Send {
     fn tx_connection(&mut self) -> &mut Self::Connection;
 }
 
-/// `tx = conn` with a bare `&mut` connection: the claim runs in whatever
-/// transaction (or autocommit) the connection is in.
+/// `tx = conn` with a bare `&mut` connection: the claim runs in the
+/// transaction the connection is in (one begun through sqlx); a connection in
+/// autocommit is refused with [`crate::Error::NotInTransaction`].
 impl<C: TxConnection> AsTxConnection for C {
     type Connection = C;
 

@@ -21,7 +21,7 @@ struct Service;
 // boxed future: the error must say so, not "needs an async fn".
 #[async_trait]
 impl Orders for Service {
-    #[idempotent(key = "order_no")]
+    #[idempotent(scope = "orders.create", key = "order_no")]
     async fn create(&self, order_no: String) -> Result<u64, AppError> {
         Ok(order_no.len() as u64)
     }

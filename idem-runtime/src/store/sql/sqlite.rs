@@ -544,6 +544,10 @@ impl TxConnection for SqliteConnection {
         BACKEND
     }
 
+    fn in_transaction(&self) -> bool {
+        sqlx::Connection::is_in_transaction(self)
+    }
+
     async fn claim(&mut self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         claim_on(self, &SystemClock, req).await.map_err(tx_err)
     }
