@@ -11,9 +11,10 @@
 //! retry runs it again, meets the UNIQUE key and takes the existing coupon).
 //!
 //! Once per store: SQLite (idem records and business tables in one file),
-//! PostgreSQL (both in a schema of the test's own, dropped at the end; left in
-//! place when the test fails, for a look), and Redis (idem records only; the
-//! business tables in a SQLite file). A server that cannot be reached makes its
+//! PostgreSQL (both in a schema of the test's own), and Redis (idem records
+//! only, under a prefix of their own; the business tables in a SQLite file).
+//! Files and schemas are removed at the end, and left in place when a test
+//! fails, for a look. A server that cannot be reached makes its
 //! test say SKIPPED, or fail with `IDEM_REQUIRE_SERVICES=1`.
 
 use std::io::{BufRead, BufReader, Read};
