@@ -1,0 +1,380 @@
+//! One call of a four-step order flow (deduct stock → create order → issue
+//! coupon → publish), run as its own process so `tests/crash_recovery.rs` can
+//! kill it with SIGKILL at a known point inside step three and retry from a
+//! second process.
+//!
+//! ```text
+//! crash_order <sqlite|postgres|redis> <client_order_no> <none|before-write|after-write>
+//!             [--sqlite FILE] [--postgres URL --schema NAME] [--redis URL --prefix PREFIX]
+//! ```
+//!
+//! The idem store is the one named first. The business tables live in the same
+//! SQLite file (sqlite), in the private schema beside the idem records
+//! (postgres), or in the SQLite file (redis, where Redis holds only the idem
+//! records). Every effect is a row under a UNIQUE key of the intent, and each
+//! row's id is drawn at random inside the step, so the ids in the final result
+//! tell which process's step produced them.
+//!
+//! On stdout, one line per event, flushed at once:
+//! `ran <step> <id> new|existing` when a step body runs, `at issue_coupon
+//! <point>` just before blocking at a crash point (the parent kills the process
+//! there), `in_progress` per retry while another process holds the key, and
+//! `result <ticket> <order_no> <coupon> <message_id>` at the end. Exit status 0
+//! only with a result.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::process::ExitCode;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use idem_runtime::store::redis::RedisStore;
+use idem_runtime::store::sql::{PgStore, SqliteStore};
+use idem_runtime::{StoreRef, Token, idempotent, step};
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+use sqlx::{PgPool, SqlitePool};
+
+const SKU: &str = "SKU-42";
+
+/// How long the process keeps retrying while another one holds the key. Far
+/// longer than the lease: a crashed owner's lease always runs out before it.
+const GIVE_UP_AFTER: Duration = Duration::from_secs(60);
+
+// Valid on SQLite and PostgreSQL alike. Each effect table holds at most one row
+// per intent (the primary key), and ids never repeat (UNIQUE): the backstop
+// that holds even if a duplicate got past idem.
+const SCHEMA: [&str; 6] = [
+    "CREATE TABLE IF NOT EXISTS stock (sku TEXT PRIMARY KEY, qty BIGINT NOT NULL CHECK (qty >= 0))",
+    "CREATE TABLE IF NOT EXISTS stock_ledger (client_order_no TEXT PRIMARY KEY, id TEXT NOT NULL UNIQUE,
+        refers_to TEXT NOT NULL, made_by BIGINT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS orders (client_order_no TEXT PRIMARY KEY, id TEXT NOT NULL UNIQUE,
+        refers_to TEXT NOT NULL, made_by BIGINT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS coupons (client_order_no TEXT PRIMARY KEY, id TEXT NOT NULL UNIQUE,
+        refers_to TEXT NOT NULL, made_by BIGINT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS messages (client_order_no TEXT PRIMARY KEY, id TEXT NOT NULL UNIQUE,
+        refers_to TEXT NOT NULL, made_by BIGINT NOT NULL)",
+    "INSERT INTO stock (sku, qty) VALUES ('SKU-42', 10) ON CONFLICT (sku) DO NOTHING",
+];
+
+#[derive(Debug, thiserror::Error)]
+enum AppError {
+    #[error(transparent)]
+    Idem(#[from] idem_runtime::Error),
+    #[error(transparent)]
+    Store(#[from] idem_runtime::StoreError),
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("not enough stock for {0}")]
+    OutOfStock(String),
+    #[error("usage: {0}")]
+    Usage(String),
+}
+
+/// What the flow returns, and what idem stores and replays.
+#[derive(Debug, Serialize, Deserialize)]
+struct Receipt {
+    ticket: String,
+    order_no: String,
+    coupon: String,
+    message_id: String,
+}
+
+/// Where step three stops for the parent to kill the process.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum CrashPoint {
+    None,
+    /// Inside step three, before its business write.
+    BeforeWrite,
+    /// After step three's business write committed, before idem marks the step done.
+    AfterWrite,
+}
+
+enum Biz {
+    Sqlite(SqlitePool),
+    Pg(PgPool),
+}
+
+// The same statements run on either pool; the two arms differ only in types.
+macro_rules! on_biz {
+    ($biz:expr, $pool:ident => $body:expr) => {
+        match $biz {
+            Biz::Sqlite($pool) => $body,
+            Biz::Pg($pool) => $body,
+        }
+    };
+}
+
+struct OrderService {
+    store: StoreRef,
+    biz: Biz,
+    crash: CrashPoint,
+}
+
+impl OrderService {
+    #[idempotent(key = "client_order_no", scope = "crash_order.create_order", lease = "1s", ttl = "10m", store = self.store.clone())]
+    async fn create_order(&self, client_order_no: &str) -> Result<Receipt, AppError> {
+        let ticket = self.deduct_stock(client_order_no).await?;
+        let order_no = self.insert_order(client_order_no, &ticket).await?;
+        let coupon = self.issue_coupon(client_order_no, &order_no).await?;
+        let message_id = self.publish(client_order_no, &coupon).await?;
+        Ok(Receipt {
+            ticket,
+            order_no,
+            coupon,
+            message_id,
+        })
+    }
+
+    #[step("deduct_stock")]
+    async fn deduct_stock(&self, client_order_no: &str) -> Result<String, AppError> {
+        self.effect("deduct_stock", "stock_ledger", client_order_no, SKU, true)
+            .await
+    }
+
+    #[step("insert_order")]
+    async fn insert_order(&self, client_order_no: &str, ticket: &str) -> Result<String, AppError> {
+        self.effect("insert_order", "orders", client_order_no, ticket, false)
+            .await
+    }
+
+    // Stands for a call no transaction covers (a coupon provider): the kill
+    // lands inside it, before or after its write.
+    #[step("issue_coupon")]
+    async fn issue_coupon(
+        &self,
+        client_order_no: &str,
+        order_no: &str,
+    ) -> Result<String, AppError> {
+        if self.crash == CrashPoint::BeforeWrite {
+            block_here("before-write").await;
+        }
+        let coupon = self
+            .effect("issue_coupon", "coupons", client_order_no, order_no, false)
+            .await?;
+        if self.crash == CrashPoint::AfterWrite {
+            block_here("after-write").await;
+        }
+        Ok(coupon)
+    }
+
+    #[step("publish")]
+    async fn publish(&self, client_order_no: &str, coupon: &str) -> Result<String, AppError> {
+        self.effect("publish", "messages", client_order_no, coupon, false)
+            .await
+    }
+
+    /// Writes the intent's row of `table` under a fresh random id, or — when
+    /// the row is already there (an earlier process wrote it and died before
+    /// idem marked the step done) — returns the id that stands: a conflict on
+    /// the intent's key is success, never a second effect. With `deduct`, a
+    /// new row also takes one unit of stock in the same transaction. Prints
+    /// `ran <step> <id> new|existing` either way.
+    async fn effect(
+        &self,
+        step: &str,
+        table: &str,
+        client_order_no: &str,
+        refers_to: &str,
+        deduct: bool,
+    ) -> Result<String, AppError> {
+        let fresh = random_id(table);
+        let insert = format!(
+            "INSERT INTO {table} (client_order_no, id, refers_to, made_by) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (client_order_no) DO NOTHING RETURNING id"
+        );
+        let select = format!("SELECT id FROM {table} WHERE client_order_no = $1");
+        let (id, new) = on_biz!(&self.biz, pool => {
+            let mut tx = pool.begin().await?;
+            let inserted: Option<String> = sqlx::query_scalar(&insert)
+                .bind(client_order_no)
+                .bind(&fresh)
+                .bind(refers_to)
+                .bind(i64::from(std::process::id()))
+                .fetch_optional(&mut *tx)
+                .await?;
+            match inserted {
+                Some(id) => {
+                    if deduct {
+                        let moved = sqlx::query("UPDATE stock SET qty = qty - 1 WHERE sku = $1 AND qty >= 1")
+                            .bind(SKU)
+                            .execute(&mut *tx)
+                            .await?;
+                        if moved.rows_affected() == 0 {
+                            return Err(AppError::OutOfStock(SKU.into()));
+                        }
+                    }
+                    tx.commit().await?;
+                    (id, true)
+                }
+                None => {
+                    let id: String = sqlx::query_scalar(&select)
+                        .bind(client_order_no)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                    (id, false)
+                }
+            }
+        });
+        let how = if new { "new" } else { "existing" };
+        say(&format!("ran {step} {id} {how}"));
+        Ok(id)
+    }
+}
+
+fn random_id(prefix: &str) -> String {
+    let hex: String = Token::random().0[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{prefix}-{hex}")
+}
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    // The parent reads line by line and acts on what it reads: nothing may
+    // wait in a buffer. A closed pipe means the parent is gone; nothing to do.
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// Announces the crash point and waits to be killed. The flow's heartbeat
+/// keeps running meanwhile, exactly as in a process stuck in a slow call.
+async fn block_here(point: &str) {
+    say(&format!("at issue_coupon {point}"));
+    std::future::pending::<()>().await;
+}
+
+struct Args {
+    kind: String,
+    client_order_no: String,
+    crash: CrashPoint,
+    options: HashMap<String, String>,
+}
+
+impl Args {
+    fn parse() -> Result<Args, AppError> {
+        let mut argv = std::env::args().skip(1);
+        let mut next = |what: &str| {
+            argv.next()
+                .ok_or_else(|| AppError::Usage(format!("missing {what}")))
+        };
+        let kind = next("the store kind")?;
+        let client_order_no = next("the client_order_no")?;
+        let crash = match next("the crash point")?.as_str() {
+            "none" => CrashPoint::None,
+            "before-write" => CrashPoint::BeforeWrite,
+            "after-write" => CrashPoint::AfterWrite,
+            other => return Err(AppError::Usage(format!("unknown crash point {other}"))),
+        };
+        let mut options = HashMap::new();
+        while let Ok(flag) = next("an option") {
+            let name = flag
+                .strip_prefix("--")
+                .ok_or_else(|| AppError::Usage(format!("expected --option, got {flag}")))?
+                .to_owned();
+            let value = next(&flag)?;
+            options.insert(name, value);
+        }
+        Ok(Args {
+            kind,
+            client_order_no,
+            crash,
+            options,
+        })
+    }
+
+    fn option(&self, name: &str) -> Result<&str, AppError> {
+        self.options
+            .get(name)
+            .map(String::as_str)
+            .ok_or_else(|| AppError::Usage(format!("{} needs --{name}", self.kind)))
+    }
+}
+
+async fn sqlite_pool(path: &str) -> Result<SqlitePool, AppError> {
+    let options = SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(10));
+    Ok(SqlitePoolOptions::new()
+        .max_connections(4)
+        .connect_with(options)
+        .await?)
+}
+
+async fn service(args: &Args) -> Result<OrderService, AppError> {
+    let (store, biz) = match args.kind.as_str() {
+        "sqlite" => {
+            let store = SqliteStore::open(args.option("sqlite")?).await?;
+            let biz = Biz::Sqlite(store.pool().clone());
+            (StoreRef::new(store), biz)
+        }
+        "postgres" => {
+            let options = PgConnectOptions::from_str(args.option("postgres")?)?
+                .options([("search_path", args.option("schema")?)]);
+            let pool = PgPoolOptions::new()
+                .max_connections(4)
+                .connect_with(options)
+                .await?;
+            let store = PgStore::builder().pool(pool.clone()).await?;
+            (StoreRef::new(store), Biz::Pg(pool))
+        }
+        "redis" => {
+            let store = RedisStore::builder()
+                .key_prefix(args.option("prefix")?)
+                .connect(args.option("redis")?)
+                .await?;
+            let biz = Biz::Sqlite(sqlite_pool(args.option("sqlite")?).await?);
+            (StoreRef::new(store), biz)
+        }
+        other => return Err(AppError::Usage(format!("unknown store {other}"))),
+    };
+    for statement in SCHEMA {
+        on_biz!(&biz, pool => {
+            sqlx::query(statement).execute(pool).await?;
+        });
+    }
+    Ok(OrderService {
+        store,
+        biz,
+        crash: args.crash,
+    })
+}
+
+async fn run() -> Result<Receipt, AppError> {
+    let args = Args::parse()?;
+    let svc = service(&args).await?;
+    let deadline = Instant::now() + GIVE_UP_AFTER;
+    loop {
+        match svc.create_order(&args.client_order_no).await {
+            Err(AppError::Idem(idem_runtime::Error::InProgress { retry_after, .. }))
+                if Instant::now() < deadline =>
+            {
+                say("in_progress");
+                let nap = retry_after.clamp(Duration::from_millis(20), Duration::from_millis(500));
+                tokio::time::sleep(nap).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(r) => {
+            say(&format!(
+                "result {} {} {} {}",
+                r.ticket, r.order_no, r.coupon, r.message_id
+            ));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("crash_order: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
