@@ -195,7 +195,7 @@ fn dispatch(krate: &Path, func: &ItemFn) -> TokenStream {
     let ret = return_type(func);
     quote! {
         #[allow(unused_imports)]
-        use #krate::__private::{Checked as _, CheckedFinal as _, Unchecked as _};
+        use #krate::__private::{AfterTypeError as _, WhenTypesHold as _, WhenTypesHoldKeepingFinal as _};
         let __idem_dispatch = &#krate::__private::Dispatch::<#ret>::new();
     }
 }

@@ -43,13 +43,14 @@
 #![warn(missing_docs)]
 
 mod clock;
-mod dispatch;
+mod diagnostics;
 mod error;
 mod flow;
 mod global;
 pub mod key;
 mod observe;
 pub mod protocol;
+mod spec;
 pub mod store;
 
 /// Makes an async fn returning `Result<T, E>` idempotent.
@@ -66,6 +67,7 @@ pub use error::{CodecError, Error, StoreError};
 pub use flow::{current_fence, current_key, lease_lost};
 pub use global::install;
 pub use key::{Fingerprint, Key, KeyEncoder, KeyPart};
+pub use observe::CallOutcome;
 pub use store::{
     AsStore, Claim, ClaimRequest, Completion, Outcome, RecordInfo, RecordState, Store, StoreRef,
     StoredResult, Token,
@@ -75,15 +77,15 @@ pub use store::{
 /// it changes without notice.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::dispatch::{
-        Checked, CheckedFinal, Dispatch, ErrProbe, OkProbe, SerializeHolds, SerializeMissing,
-        Unchecked,
+    pub use crate::diagnostics::{
+        AfterTypeError, CacheableSerialize, Dispatch, ErrProbe, IdemResult, OkProbe,
+        SerializeHolds, SerializeMissing, StorableErrorSerialize, WhenTypesHold,
+        WhenTypesHoldKeepingFinal, assert_error_type, assert_result, assert_result_keeping_final,
+        assert_serializable, assert_storable_error,
     };
     pub use crate::key::{FingerprintBuilder, Key, KeyBuilder};
-    pub use crate::protocol::{
-        Cacheable, CacheableSerialize, FromIdemError, IdemResult, Kind, Spec, StorableError,
-        StorableErrorSerialize,
-    };
+    pub use crate::protocol::{Cacheable, FromIdemError, StorableError};
+    pub use crate::spec::{Kind, Spec};
     pub use crate::store::{AsStore, StoreRef};
     pub use core::option::Option::{None, Some};
     pub use core::time::Duration;
@@ -115,40 +117,5 @@ pub mod __private {
     #[inline]
     pub fn store_of<S: AsStore + ?Sized>(store: &S) -> StoreRef {
         store.as_store()
-    }
-
-    /// Pins the first half of the cached type's check to the user's `T`, so
-    /// the error lands there; `OkProbe` does the second half.
-    #[inline]
-    pub fn assert_serializable<T: CacheableSerialize + ?Sized>() {}
-
-    /// Pins the error type's check to the user's `E`.
-    #[inline]
-    pub fn assert_error_type<E: FromIdemError>() {}
-
-    /// With `final_err`: the first half of the stored error's check, on `E`;
-    /// `ErrProbe` does the second half.
-    #[inline]
-    pub fn assert_storable_error<E: StorableErrorSerialize + ?Sized>() {}
-
-    /// The same checks for a return type whose `T` and `E` are not written out
-    /// (an alias such as `io::Result<T>`), on the whole return type.
-    #[inline]
-    pub fn assert_result<R>()
-    where
-        R: IdemResult,
-        R::Ok: CacheableSerialize,
-        R::Err: FromIdemError,
-    {
-    }
-
-    /// [`assert_result`] with `final_err`.
-    #[inline]
-    pub fn assert_result_keeping_final<R>()
-    where
-        R: IdemResult,
-        R::Ok: CacheableSerialize,
-        R::Err: FromIdemError + StorableErrorSerialize,
-    {
     }
 }

@@ -1,5 +1,6 @@
-//! How expansions check the user's types and call the protocol, so that each
-//! type problem is reported once, on the user's own token.
+//! Compile-time diagnostics: how expansions check the user's types and call
+//! the protocol, so that each type problem is reported once, on the user's own
+//! token. Everything here is hidden API, reached only through `__private`.
 //!
 //! An expansion first asserts, on the user's `T` and `E` tokens, that the
 //! result can be cached and the error can carry ours (and, with `final_err`,
@@ -14,12 +15,15 @@
 //! nothing to the error already reported. [`ErrProbe`] does the same for the
 //! `Err` that `final_err` stores.
 //!
-//! The protocol call goes through the same autoref dispatch: [`Checked`] and
-//! [`CheckedFinal`] apply when their bounds hold, and otherwise resolution falls
-//! back to [`Unchecked`], which has no bounds and so adds no second, third and
-//! fourth report of the same problem at the attribute. It is only ever selected
-//! in a crate that does not compile: the assertions the expansion always emits
-//! fail exactly when `Checked` does not apply. Its bodies therefore never run.
+//! The protocol call goes through the same autoref dispatch: [`WhenTypesHold`]
+//! and [`WhenTypesHoldKeepingFinal`] apply when their bounds hold, and
+//! otherwise resolution falls back to [`AfterTypeError`], which has no bounds
+//! and so adds no second, third and fourth report of the same problem at the
+//! attribute. It is only ever selected in a crate that does not compile: the
+//! assertions the expansion always emits fail exactly when `WhenTypesHold`
+//! does not apply. Should it ever be selected in a crate that type-checks, its
+//! methods fail the build when they are instantiated (a post-monomorphization
+//! error), so it can never become a silent runtime path.
 
 // Hidden API reached only through `__private`: the module doc above is its doc.
 #![allow(missing_docs)]
@@ -30,7 +34,7 @@ use std::marker::PhantomData;
 use serde::Serialize;
 
 use crate::key::{Fingerprint, Key};
-use crate::protocol::{self, Cacheable, FromIdemError, IdemResult, Spec, StorableError};
+use crate::protocol::{self, Cacheable, FromIdemError, Spec, StorableError};
 use crate::store::StoreRef;
 use crate::store::tx::AsTxConnection;
 
@@ -98,7 +102,7 @@ impl<R> SerializeMissing for &OkProbe<R> {}
 impl<R> SerializeMissing for &ErrProbe<R> {}
 
 /// The protocol, for result types it can cache.
-pub trait Checked<T, E> {
+pub trait WhenTypesHold<T, E> {
     fn execute<'a, F>(
         &self,
         spec: &'a Spec,
@@ -137,7 +141,7 @@ pub trait Checked<T, E> {
         E: 'a;
 }
 
-impl<T: Cacheable, E: FromIdemError> Checked<T, E> for Dispatch<Result<T, E>> {
+impl<T: Cacheable, E: FromIdemError> WhenTypesHold<T, E> for Dispatch<Result<T, E>> {
     fn execute<'a, F>(
         &self,
         spec: &'a Spec,
@@ -188,7 +192,7 @@ impl<T: Cacheable, E: FromIdemError> Checked<T, E> for Dispatch<Result<T, E>> {
 /// The protocol with `final_err`, for error types it can also store. A trait of
 /// its own, so that its extra bound on `E` selects the fallback instead of
 /// failing at the attribute.
-pub trait CheckedFinal<T, E> {
+pub trait WhenTypesHoldKeepingFinal<T, E> {
     #[allow(clippy::too_many_arguments)]
     fn execute_keeping_final<'a, F>(
         &self,
@@ -205,7 +209,9 @@ pub trait CheckedFinal<T, E> {
         E: 'a;
 }
 
-impl<T: Cacheable, E: FromIdemError + StorableError> CheckedFinal<T, E> for Dispatch<Result<T, E>> {
+impl<T: Cacheable, E: FromIdemError + StorableError> WhenTypesHoldKeepingFinal<T, E>
+    for Dispatch<Result<T, E>>
+{
     fn execute_keeping_final<'a, F>(
         &self,
         spec: &'a Spec,
@@ -224,12 +230,20 @@ impl<T: Cacheable, E: FromIdemError + StorableError> CheckedFinal<T, E> for Disp
     }
 }
 
-const NEVER: &str = "idem: the unchecked dispatch is only chosen in a crate that fails to compile";
+/// Fails the build of any crate that instantiates a method of
+/// [`AfterTypeError`]: one that type-checks yet picked the fallback.
+struct NeverInstantiated<T: ?Sized>(PhantomData<T>);
 
-/// The fallback of a crate that already has a type error; never runs. Generic
-/// over any return type, so even a `Result` alias that is no `Result` gets no
-/// second error here.
-pub trait Unchecked {
+impl<T: ?Sized> NeverInstantiated<T> {
+    const ERROR: () = panic!(
+        "idem: the protocol call fell back to `AfterTypeError` in a crate with no type error; please report this as a bug in idem"
+    );
+}
+
+/// The fallback chosen only after a type error was reported; it never runs.
+/// Generic over any return type, so even a `Result` alias that is no `Result`
+/// gets no second error here.
+pub trait AfterTypeError {
     fn execute<'a, F>(
         &self,
         _: &'a Spec,
@@ -241,7 +255,9 @@ pub trait Unchecked {
     where
         F: Future + 'a,
     {
-        async { panic!("{NEVER}") }
+        #[allow(clippy::let_unit_value)]
+        let () = NeverInstantiated::<F>::ERROR;
+        async { unreachable!("AfterTypeError is never instantiated") }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -257,14 +273,18 @@ pub trait Unchecked {
     where
         F: Future + 'a,
     {
-        async { panic!("{NEVER}") }
+        #[allow(clippy::let_unit_value)]
+        let () = NeverInstantiated::<F>::ERROR;
+        async { unreachable!("AfterTypeError is never instantiated") }
     }
 
     fn run_step<'a, F>(&self, _: &'static str, _: F) -> impl Future<Output = F::Output> + 'a
     where
         F: Future + 'a,
     {
-        async { panic!("{NEVER}") }
+        #[allow(clippy::let_unit_value)]
+        let () = NeverInstantiated::<F>::ERROR;
+        async { unreachable!("AfterTypeError is never instantiated") }
     }
 
     fn execute_in_tx<'a, C, R, F>(
@@ -280,8 +300,87 @@ pub trait Unchecked {
         F: AsyncFnOnce(&mut C) -> R + 'a,
         R: 'a,
     {
-        async { panic!("{NEVER}") }
+        #[allow(clippy::let_unit_value)]
+        let () = NeverInstantiated::<F>::ERROR;
+        async { unreachable!("AfterTypeError is never instantiated") }
     }
 }
 
-impl<R> Unchecked for &Dispatch<R> {}
+impl<R> AfterTypeError for &Dispatch<R> {}
+
+/// The `Serialize` half of [`Cacheable`](crate::protocol::Cacheable). Expansions check it first and alone,
+/// then the rest only when it holds (see [`SerializeHolds`]), so a type that
+/// has neither serde trait gets one error rather than one per trait.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be cached as the result of an idempotent call: it is not `Serialize + DeserializeOwned`",
+    label = "the result is stored and replayed to duplicates",
+    note = "the `T` of `Result<T, E>` must implement `Serialize` and `DeserializeOwned` (derive `serde::Serialize` and `serde::Deserialize`)"
+)]
+pub trait CacheableSerialize: Serialize {}
+impl<T: Serialize + ?Sized> CacheableSerialize for T {}
+
+/// The `Serialize` half of [`StorableError`](crate::protocol::StorableError), checked first and alone like
+/// [`CacheableSerialize`].
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be stored as a final error: it is not `Serialize + DeserializeOwned`",
+    label = "with `final_err`, an error it calls final is stored and replayed to duplicates",
+    note = "derive `serde::Serialize` and `serde::Deserialize` for `{Self}` (skip what cannot be stored with `#[serde(skip)]`), or drop `final_err` so every `Err` releases the key for a retry"
+)]
+pub trait StorableErrorSerialize: Serialize {}
+impl<E: Serialize + ?Sized> StorableErrorSerialize for E {}
+
+/// A return type the attributes accept: a `Result<T, E>`, also when written
+/// through an alias such as `io::Result<T>`. Expansions check its `Ok` against
+/// [`Cacheable`](crate::protocol::Cacheable) and its `Err` against [`FromIdemError`](crate::protocol::FromIdemError), each alone: a bound
+/// on the whole `Result` would report a failing `E` as an unexplained
+/// "`io::Error: From<idem_runtime::Error>` is not satisfied".
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a `Result<T, E>`",
+    label = "an idempotent call must return `Result<T, E>`",
+    note = "`Ok` is stored and replayed to duplicates; in-progress, key reuse and store failures reach the caller as `E`"
+)]
+pub trait IdemResult {
+    /// The `T`.
+    type Ok;
+    /// The `E`.
+    type Err;
+}
+impl<T, E> IdemResult for Result<T, E> {
+    type Ok = T;
+    type Err = E;
+}
+
+/// Pins the first half of the cached type's check to the user's `T`, so the
+/// error lands there; `OkProbe` does the second half.
+#[inline]
+pub fn assert_serializable<T: CacheableSerialize + ?Sized>() {}
+
+/// Pins the error type's check to the user's `E`.
+#[inline]
+pub fn assert_error_type<E: FromIdemError>() {}
+
+/// With `final_err`: the first half of the stored error's check, on `E`;
+/// `ErrProbe` does the second half.
+#[inline]
+pub fn assert_storable_error<E: StorableErrorSerialize + ?Sized>() {}
+
+/// The same checks for a return type whose `T` and `E` are not written out
+/// (an alias such as `io::Result<T>`), on the whole return type.
+#[inline]
+pub fn assert_result<R>()
+where
+    R: IdemResult,
+    R::Ok: CacheableSerialize,
+    R::Err: FromIdemError,
+{
+}
+
+/// [`assert_result`] with `final_err`.
+#[inline]
+pub fn assert_result_keeping_final<R>()
+where
+    R: IdemResult,
+    R::Ok: CacheableSerialize,
+    R::Err: FromIdemError + StorableErrorSerialize,
+{
+}

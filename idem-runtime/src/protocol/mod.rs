@@ -1,0 +1,338 @@
+//! The two-phase protocol, independent of any backend:
+//! claim → run the body (heartbeating the lease) → complete, or release on `Err`;
+//! duplicates replay, wait, or get `InProgress` / `KeyReuse`.
+//!
+//! - `claim.rs`: one claim, what it means for the caller, waiting, and
+//!   replaying a stored result;
+//! - `heartbeat.rs`: renewing the lease while the body runs;
+//! - `record.rs`: writing the outcome (complete or release), on a store or on
+//!   the caller's transaction.
+
+mod claim;
+mod heartbeat;
+mod record;
+
+use std::future::Future;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tracing::Instrument;
+
+use crate::error::Error;
+use crate::flow::{self, FlowContext};
+use crate::key::{Fingerprint, Key};
+use crate::observe::{self, CallOutcome};
+use crate::store::tx::{AsTxConnection, TxConnection};
+use crate::store::{ClaimRequest, StoreRef, Token};
+
+pub use crate::spec::{Kind, Spec};
+
+use claim::{Acquired, Verdict, acquire, claim_failed, in_progress, judge, replay};
+use heartbeat::heartbeat;
+use record::finish;
+
+/// A result type that can be stored and replayed.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be cached as the result of an idempotent call: it is not `Serialize + DeserializeOwned`",
+    label = "the result is stored and replayed to duplicates",
+    note = "the `T` of `Result<T, E>` must implement `Serialize` and `DeserializeOwned` (derive `serde::Serialize` and `serde::Deserialize`)"
+)]
+pub trait Cacheable: Serialize + DeserializeOwned {}
+impl<T: Serialize + DeserializeOwned> Cacheable for T {}
+
+/// An error type `final_err` can store: a final error is replayed to duplicates.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be stored as a final error: it is not `Serialize + DeserializeOwned`",
+    label = "with `final_err`, an error it calls final is stored and replayed to duplicates",
+    note = "derive `serde::Serialize` and `serde::Deserialize` for `{Self}` (skip what cannot be stored with `#[serde(skip)]`), or drop `final_err` so every `Err` releases the key for a retry"
+)]
+pub trait StorableError: Serialize + DeserializeOwned {}
+impl<E: Serialize + DeserializeOwned> StorableError for E {}
+
+/// An error type the protocol can report through.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot carry idempotency errors: it does not implement `From<idem_runtime::Error>`",
+    label = "in-progress, key reuse and store failures reach the caller as this type",
+    note = "implement `From<idem_runtime::Error>` for `{Self}` (for example a `#[from] idem_runtime::Error` variant with thiserror)"
+)]
+pub trait FromIdemError: From<Error> {}
+impl<E: From<Error>> FromIdemError for E {}
+
+/// How errors of the body are treated.
+pub(crate) trait ErrorPolicy<E> {
+    /// `Some(encoded)` stores the error as a final outcome; `None` releases the claim.
+    fn keep(&self, err: &E) -> Option<Result<Vec<u8>, serde_json::Error>>;
+    /// Decodes a stored final error.
+    fn restore(&self, payload: &[u8]) -> Result<E, serde_json::Error>;
+}
+
+pub(crate) struct ReleaseAll;
+
+impl<E> ErrorPolicy<E> for ReleaseAll {
+    fn keep(&self, _: &E) -> Option<Result<Vec<u8>, serde_json::Error>> {
+        None
+    }
+
+    fn restore(&self, _: &[u8]) -> Result<E, serde_json::Error> {
+        // Only reachable if this call site once marked errors final and no longer
+        // does: the stored error cannot be rebuilt without a codec for `E`.
+        Err(serde::de::Error::custom(
+            "a final error was stored, but this call site no longer keeps final errors",
+        ))
+    }
+}
+
+pub(crate) struct KeepFinal<E>(fn(&E) -> bool);
+
+impl<E: Serialize + DeserializeOwned> ErrorPolicy<E> for KeepFinal<E> {
+    fn keep(&self, err: &E) -> Option<Result<Vec<u8>, serde_json::Error>> {
+        (self.0)(err).then(|| serde_json::to_vec(err))
+    }
+
+    fn restore(&self, payload: &[u8]) -> Result<E, serde_json::Error> {
+        serde_json::from_slice(payload)
+    }
+}
+
+/// Runs `body` at most once per `key` (within the record's ttl), replaying its
+/// result to duplicates. `Err` releases the claim, so a retry runs again.
+///
+/// `store` of `None` means the process-wide default ([`crate::install`]).
+///
+/// ```
+/// use idem_runtime::protocol::{execute, Kind, Spec};
+/// use idem_runtime::{Error, Key, StoreRef};
+/// use idem_runtime::store::memory::MemoryStore;
+///
+/// const SPEC: Spec = Spec::new("doc::charge", Kind::Call);
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let store = StoreRef::new(MemoryStore::new());
+/// let key = Key::builder(SPEC.scope).part("order-7").finish();
+/// let first: Result<u32, Error> = execute(&SPEC, Some(store.clone()), key, None, async { Ok(1) }).await;
+/// let again: Result<u32, Error> = execute(&SPEC, Some(store), key, None, async { Ok(2) }).await;
+/// assert_eq!(first.unwrap(), 1);
+/// assert_eq!(again.unwrap(), 1); // replayed, the body did not run
+/// # });
+/// ```
+pub async fn execute<T, E, F>(
+    spec: &Spec,
+    store: Option<StoreRef>,
+    key: Key,
+    fingerprint: Option<Fingerprint>,
+    body: F,
+) -> Result<T, E>
+where
+    T: Cacheable,
+    E: FromIdemError,
+    F: Future<Output = Result<T, E>>,
+{
+    run(spec, store, key, fingerprint, body, &ReleaseAll).await
+}
+
+/// Like [`execute`], but an `Err` for which `is_final` returns `true` is stored
+/// and replayed like a success (a declined card, a validation failure) instead
+/// of releasing the claim.
+///
+/// ```
+/// use idem_runtime::protocol::{execute_keeping_final, Kind, Spec};
+/// use idem_runtime::{Error, Key, StoreRef};
+/// use idem_runtime::store::memory::MemoryStore;
+///
+/// #[derive(Debug, serde::Serialize, serde::Deserialize)]
+/// enum PayError { Declined, #[serde(skip)] Idem(String) }
+/// impl From<Error> for PayError { fn from(e: Error) -> Self { PayError::Idem(e.to_string()) } }
+///
+/// const SPEC: Spec = Spec::new("doc::pay", Kind::Call);
+/// let is_final = |e: &PayError| matches!(e, PayError::Declined);
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let store = StoreRef::new(MemoryStore::new());
+/// let key = Key::builder(SPEC.scope).part("card-1").finish();
+/// let first: Result<u32, PayError> =
+///     execute_keeping_final(&SPEC, Some(store.clone()), key, None, is_final, async { Err(PayError::Declined) }).await;
+/// let again: Result<u32, PayError> =
+///     execute_keeping_final(&SPEC, Some(store), key, None, is_final, async { Ok(1) }).await;
+/// assert!(matches!(again, Err(PayError::Declined))); // replayed, not charged again
+/// # });
+/// ```
+pub async fn execute_keeping_final<T, E, F>(
+    spec: &Spec,
+    store: Option<StoreRef>,
+    key: Key,
+    fingerprint: Option<Fingerprint>,
+    is_final: fn(&E) -> bool,
+    body: F,
+) -> Result<T, E>
+where
+    T: Cacheable,
+    E: FromIdemError + Serialize + DeserializeOwned,
+    F: Future<Output = Result<T, E>>,
+{
+    run(spec, store, key, fingerprint, body, &KeepFinal(is_final)).await
+}
+
+/// Runs `body` at most once per `key`, recording the claim and the result on
+/// the caller's transaction, so they commit or roll back with its business
+/// writes. `body` gets the transaction back to do those writes.
+///
+/// A duplicate running concurrently blocks on the record's unique key until
+/// this transaction ends, then replays its committed result (or runs, if it
+/// rolled back). If the result cannot be recorded, the call fails with
+/// [`Error::Store`] so the caller rolls back rather than commit effects with no
+/// record. Steps inside the body run directly: the transaction already makes
+/// the call all-or-nothing.
+///
+/// Use it under READ COMMITTED (the default of PostgreSQL; MySQL's default
+/// REPEATABLE READ also works because the claim is a locking write). Under
+/// SERIALIZABLE a blocked duplicate gets a serialization failure to retry.
+pub async fn execute_in_tx<C, T, E, F>(
+    spec: &Spec,
+    conn: &mut C,
+    key: Key,
+    fingerprint: Option<Fingerprint>,
+    body: F,
+) -> Result<T, E>
+where
+    C: AsTxConnection + ?Sized,
+    T: Cacheable,
+    E: FromIdemError,
+    F: AsyncFnOnce(&mut C) -> Result<T, E>,
+{
+    let span = tracing::debug_span!("idem", scope = spec.scope, key = %key.short(), tx = true);
+    async move {
+        // Outside a transaction the claim would commit at once as PROCESSING
+        // with nothing renewing its lease while the body runs (the body holds
+        // the connection), so a slow body would be taken over while alive.
+        if !conn.tx_connection().in_transaction() {
+            observe::call(spec, CallOutcome::NotInTransaction);
+            return Err(Error::NotInTransaction {
+                scope: spec.scope.to_owned(),
+            }
+            .into());
+        }
+        let token = Token::random();
+        let req = ClaimRequest {
+            key: &key,
+            token,
+            fingerprint,
+            lease: spec.lease,
+            ttl: spec.ttl,
+        };
+        let started = std::time::Instant::now();
+        let claim = conn.tx_connection().claim(req).await;
+        observe::claim_latency(spec, started.elapsed());
+        let claim = claim
+            .inspect_err(|e| claim_failed(spec, e))
+            .map_err(Error::from)?;
+        let fence = match judge(spec, claim, fingerprint)? {
+            Verdict::Decided(Acquired::Replay(stored)) => return replay(spec, stored, &ReleaseAll),
+            // A committed PROCESSING record from a call outside any transaction.
+            Verdict::Busy(lease_remaining) => return Err(in_progress(spec, lease_remaining).into()),
+            Verdict::Decided(Acquired::Owner { fence }) => fence,
+        };
+        let ctx = FlowContext::new(key, fingerprint, None, spec.ttl, spec.lease, Some(fence));
+        let out = flow::scope(ctx, body(&mut *conn)).await;
+        finish(spec, conn.tx_connection(), &key, token, out, &ReleaseAll).await
+    }
+    .instrument(span)
+    .await
+}
+
+/// Runs a step of the current flow: replays its saved output if an earlier
+/// attempt of the flow finished it, runs it otherwise. Outside a flow the body
+/// simply runs.
+///
+/// Steps are told apart by `name` and by how many calls of that name already
+/// finished in this run of the flow: a step called in a loop records each
+/// call, and a failed attempt that the body retries reuses its number, so a
+/// retry of the whole flow finds the attempt that succeeded. When the flow
+/// declares a fingerprint, step records are bound to it: another payload never
+/// sees them.
+///
+/// A flow whose lease was taken over starts no new step: the call fails with
+/// [`Error::LeaseLost`].
+pub async fn run_step<T, E, F>(name: &'static str, body: F) -> Result<T, E>
+where
+    T: Cacheable,
+    E: FromIdemError,
+    F: Future<Output = Result<T, E>>,
+{
+    let Some((flow, store)) = flow::current().and_then(|f| f.store.clone().map(|s| (f, s))) else {
+        // Outside a flow there is nothing to resume; inside a transaction the
+        // whole call commits or rolls back as one, so steps need no records.
+        tracing::trace!(step = name, "step outside a store-backed flow; running it");
+        return body.await;
+    };
+    // A takeover can find the step still claimed by the crashed previous owner for
+    // the few milliseconds its step lease outlives the flow lease: wait that out.
+    let spec = Spec {
+        scope: name,
+        kind: Kind::Step,
+        ttl: flow.ttl,
+        lease: flow.lease,
+        wait: Some(flow.lease),
+    };
+    if flow.lease_lost() {
+        observe::call(&spec, CallOutcome::LeaseLost);
+        tracing::warn!(
+            step = name,
+            "the flow's lease was taken over; not starting the step"
+        );
+        return Err(Error::LeaseLost {
+            scope: name.to_owned(),
+        }
+        .into());
+    }
+    let (occurrence, key) = flow.next_occurrence(name);
+    let out = run(&spec, Some(store), key, None, body, &ReleaseAll).await;
+    // Only a finished step spends its number; an `Err` (released, in progress,
+    // a store failure) hands it back to the next call of this step.
+    if out.is_ok() {
+        occurrence.finish();
+    }
+    out
+}
+
+async fn run<T, E, F, P>(
+    spec: &Spec,
+    store: Option<StoreRef>,
+    key: Key,
+    fingerprint: Option<Fingerprint>,
+    body: F,
+    policy: &P,
+) -> Result<T, E>
+where
+    T: Cacheable,
+    E: FromIdemError,
+    F: Future<Output = Result<T, E>>,
+    P: ErrorPolicy<E>,
+{
+    let Some(store) = store.or_else(crate::global::default_store) else {
+        return Err(Error::NoStore.into());
+    };
+    let span = tracing::debug_span!("idem", scope = spec.scope, key = %key.short(), fence = tracing::field::Empty);
+    async move {
+        let token = Token::random();
+        match acquire(spec, &store, &key, token, fingerprint).await? {
+            Acquired::Replay(stored) => replay(spec, stored, policy),
+            Acquired::Owner { fence } => {
+                tracing::Span::current().record("fence", fence);
+                let ctx = FlowContext::new(
+                    key,
+                    fingerprint,
+                    Some(store.clone()),
+                    spec.ttl,
+                    spec.lease,
+                    Some(fence),
+                );
+                let beat = heartbeat(&store, &key, token, spec.lease, &ctx, body);
+                let out = flow::scope(ctx.clone(), beat).await;
+                let mut store = store;
+                finish(spec, &mut store, &key, token, out, policy).await
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}

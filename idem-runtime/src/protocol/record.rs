@@ -1,0 +1,179 @@
+//! Writing a finished call's outcome: complete with the result (or a marker
+//! saying why it could not be stored), or release the claim on a retryable
+//! `Err`; on a store, or on the caller's transaction.
+
+use serde::Serialize;
+
+use crate::error::{CodecError, Error};
+use crate::key::Key;
+use crate::observe::{self, CallOutcome};
+use crate::store::tx::TxConnection;
+use crate::store::{Completion, Outcome, StoreRef, Token};
+
+use super::{Cacheable, ErrorPolicy, FromIdemError, Spec};
+
+/// Why a finished body's result is not in the record.
+#[derive(Debug, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum Unstored {
+    TooLarge {
+        size: usize,
+        limit: usize,
+    },
+    // serde's message is not stored: it may quote the value.
+    EncodeFailed {
+        #[serde(alias = "message")]
+        category: String,
+    },
+}
+
+/// Where a finished call's outcome is written: a store, or the caller's
+/// transaction.
+pub(super) trait Recorder {
+    fn max_result_bytes(&self) -> usize;
+    /// Inside a transaction a record that could not be written must fail the
+    /// call, so the caller rolls the business writes back with it; on a store
+    /// the effects are already committed and the caller gets its result.
+    fn must_record(&self) -> bool;
+    async fn complete(
+        &mut self,
+        key: &Key,
+        token: Token,
+        completion: Completion<'_>,
+    ) -> Result<bool, crate::StoreError>;
+    async fn release(&mut self, key: &Key, token: Token) -> Result<bool, crate::StoreError>;
+}
+
+impl Recorder for StoreRef {
+    fn max_result_bytes(&self) -> usize {
+        (**self).max_result_bytes()
+    }
+
+    fn must_record(&self) -> bool {
+        false
+    }
+
+    async fn complete(
+        &mut self,
+        key: &Key,
+        token: Token,
+        completion: Completion<'_>,
+    ) -> Result<bool, crate::StoreError> {
+        (**self).complete(key, token, completion).await
+    }
+
+    async fn release(&mut self, key: &Key, token: Token) -> Result<bool, crate::StoreError> {
+        (**self).release(key, token).await
+    }
+}
+
+impl<C: TxConnection + ?Sized> Recorder for C {
+    fn max_result_bytes(&self) -> usize {
+        TxConnection::max_result_bytes(self)
+    }
+
+    fn must_record(&self) -> bool {
+        true
+    }
+
+    async fn complete(
+        &mut self,
+        key: &Key,
+        token: Token,
+        completion: Completion<'_>,
+    ) -> Result<bool, crate::StoreError> {
+        TxConnection::complete(self, key, token, completion).await
+    }
+
+    async fn release(&mut self, key: &Key, token: Token) -> Result<bool, crate::StoreError> {
+        TxConnection::release(self, key, token).await
+    }
+}
+
+pub(super) async fn finish<T, E, P, R>(
+    spec: &Spec,
+    store: &mut R,
+    key: &Key,
+    token: Token,
+    out: Result<T, E>,
+    policy: &P,
+) -> Result<T, E>
+where
+    T: Cacheable,
+    E: FromIdemError,
+    P: ErrorPolicy<E>,
+    R: Recorder + ?Sized,
+{
+    let (outcome, payload) = match &out {
+        Ok(value) => match serde_json::to_vec(value) {
+            Ok(bytes) => (Outcome::Success, bytes),
+            Err(e) => unencodable(&e),
+        },
+        Err(err) => match policy.keep(err) {
+            Some(Ok(bytes)) => (Outcome::FinalError, bytes),
+            Some(Err(e)) => unencodable(&e),
+            None => {
+                observe::call(spec, CallOutcome::Failed);
+                if let Err(e) = store.release(key, token).await {
+                    // The claim then ends with its lease and a retry takes over.
+                    tracing::warn!(error = %e, "could not release the claim after an error");
+                }
+                return out;
+            }
+        },
+    };
+    let limit = store.max_result_bytes();
+    let (outcome, payload) = if payload.len() > limit {
+        tracing::error!(
+            size = payload.len(),
+            limit,
+            "result over the store's cap; duplicates will get ResultTooLarge"
+        );
+        unstored(Unstored::TooLarge {
+            size: payload.len(),
+            limit,
+        })
+    } else {
+        (outcome, payload)
+    };
+    if outcome == Outcome::Unstored {
+        observe::call(spec, CallOutcome::Unstored);
+    }
+    let completion = Completion {
+        outcome,
+        payload: &payload,
+        ttl: spec.ttl,
+    };
+    match store.complete(key, token, completion).await {
+        Ok(true) => observe::call(spec, CallOutcome::Executed),
+        Ok(false) => {
+            // The body ran and its effects happened: hand its result to the caller,
+            // but the record belongs to whoever took over.
+            observe::fenced(spec);
+            tracing::warn!("completed after losing the claim; the newer owner's record stands");
+        }
+        Err(e) if store.must_record() => {
+            observe::call(spec, CallOutcome::StoreError);
+            tracing::error!(error = %e, "could not record the result in the transaction; failing the call so it rolls back");
+            return Err(E::from(Error::Store(e)));
+        }
+        Err(e) => {
+            observe::call(spec, CallOutcome::StoreError);
+            tracing::error!(error = %e, "could not store the result; a duplicate will take over after the lease");
+        }
+    }
+    out
+}
+
+fn unencodable(e: &serde_json::Error) -> (Outcome, Vec<u8>) {
+    let source = CodecError::encoding(e);
+    tracing::error!(error = %source, "the result does not encode; duplicates will get a codec error");
+    unstored(Unstored::EncodeFailed {
+        category: format!("{:?}", source.category()),
+    })
+}
+
+fn unstored(why: Unstored) -> (Outcome, Vec<u8>) {
+    let payload = serde_json::to_vec(&why).expect("Unstored always encodes");
+    (Outcome::Unstored, payload)
+}
