@@ -64,8 +64,8 @@ pub use idem_macros::step;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Error, StoreError};
 pub use flow::current_key;
-pub use global::install;
-pub use key::{Fingerprint, Key, KeyEncoder, KeyPart};
+pub use global::{install, install_key_secret};
+pub use key::{Fingerprint, Key, KeyEncoder, KeyPart, KeySecret, KeySecretError};
 pub use store::{
     AsStore, Claim, ClaimRequest, Completion, Outcome, RecordInfo, RecordState, Store, StoreRef,
     StoredResult, Token,
