@@ -10,6 +10,7 @@
 //! shared servers are never stopped: the tests that stop Redis start their own
 //! `redis-server` on a free loopback port.
 
+use std::collections::BTreeMap;
 use std::net::TcpListener as StdListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
@@ -17,7 +18,8 @@ use std::time::{Duration, Instant};
 
 use idem_runtime::store::redis::RedisStore;
 use idem_runtime::{
-    Claim, ClaimRequest, Error, Key, RecordState, Store, StoreRef, Token, idempotent,
+    Claim, ClaimRequest, Completion, Error, Key, Outcome, RecordState, Store, StoreRef, Token,
+    idempotent,
 };
 use idem_tests::conformance::Subject;
 use idem_tests::services;
@@ -624,7 +626,15 @@ async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> Vec<(Str
             !name.starts_with("config")
                 && !matches!(
                     name.as_str(),
-                    "info" | "time" | "hmget" | "hget" | "hset" | "hdel" | "pexpireat" | "del"
+                    "info"
+                        | "time"
+                        | "hmget"
+                        | "hget"
+                        | "hset"
+                        | "hdel"
+                        | "pexpireat"
+                        | "del"
+                        | "exists"
                 )
         })
         .collect()
@@ -719,4 +729,253 @@ async fn cluster_purge_respects_limit_and_prefix() {
         return;
     };
     purge_respects_limit_and_prefix(a, b).await;
+}
+
+// ---------------------------------------------------------------------------
+// Record integrity: a re-sent completion, an unknown state, a renewal past
+// the ttl
+// ---------------------------------------------------------------------------
+
+async fn single_admin() -> redis::aio::MultiplexedConnection {
+    redis::Client::open(services::redis_url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+async fn cluster_admin() -> redis::cluster_async::ClusterConnection {
+    redis::cluster::ClusterClient::new(services::redis_cluster_urls())
+        .unwrap()
+        .get_async_connection()
+        .await
+        .unwrap()
+}
+
+/// Everything Redis holds for a record: its fields and its expiry
+/// (`PEXPIRETIME`, -2 once the key is gone).
+async fn raw_record(
+    conn: &mut impl redis::aio::ConnectionLike,
+    name: &str,
+) -> (BTreeMap<Vec<u8>, Vec<u8>>, i64) {
+    let fields: BTreeMap<Vec<u8>, Vec<u8>> = redis::cmd("HGETALL")
+        .arg(name)
+        .query_async(conn)
+        .await
+        .unwrap();
+    let expiry: i64 = redis::cmd("PEXPIRETIME")
+        .arg(name)
+        .query_async(conn)
+        .await
+        .unwrap();
+    (fields, expiry)
+}
+
+fn completion(payload: &[u8]) -> Completion<'_> {
+    Completion {
+        outcome: Outcome::Success,
+        payload,
+        ttl: Duration::from_secs(600),
+    }
+}
+
+/// The cluster client re-sends a request after an I/O error, so a completion
+/// whose reply was lost can reach the server twice. The second finds the
+/// record DONE under its own token: that is the same completion, a success
+/// that changes nothing. Another token (a stale owner) is still refused.
+async fn resent_complete_is_the_same_completion(
+    store: RedisStore,
+    admin: &mut impl redis::aio::ConnectionLike,
+) {
+    let key = key("resent-complete");
+    let name = store.redis_key(&key);
+    let token = Token::random();
+    assert!(matches!(
+        store.claim(request(&key, token)).await.unwrap(),
+        Claim::Acquired { fence: 1, .. }
+    ));
+    assert!(store.complete(&key, token, completion(b"1")).await.unwrap());
+    let done = raw_record(admin, &name).await;
+
+    assert!(
+        store.complete(&key, token, completion(b"1")).await.unwrap(),
+        "the re-sent completion was reported as a lost claim"
+    );
+    assert_eq!(
+        raw_record(admin, &name).await,
+        done,
+        "the re-sent completion changed the record"
+    );
+
+    assert!(
+        !store
+            .complete(&key, Token::random(), completion(b"stale"))
+            .await
+            .unwrap(),
+        "another token completed a DONE record"
+    );
+    assert_eq!(raw_record(admin, &name).await, done);
+    let claim = store.claim(request(&key, Token::random())).await.unwrap();
+    let Claim::Done(stored) = claim else {
+        panic!("expected a replay, got {claim:?}");
+    };
+    assert_eq!(stored.payload, b"1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_node_resent_complete_is_the_same_completion() {
+    if let Some(store) = single_store().await {
+        resent_complete_is_the_same_completion(store, &mut single_admin().await).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_resent_complete_is_the_same_completion() {
+    if let Some(store) = cluster_store().await {
+        resent_complete_is_the_same_completion(store, &mut cluster_admin().await).await;
+    }
+}
+
+/// A hash at a record's key whose state the scripts do not know (written by
+/// a newer version, by hand, or by another application under the same
+/// prefix) is not an absent record: claiming and inspecting it fail with a
+/// `StoreError` that names the problem, the body never runs, and the hash is
+/// left as it was. The same for a hash that has no state at all.
+async fn unknown_state_fails_closed(
+    store: RedisStore,
+    admin: &mut impl redis::aio::ConnectionLike,
+) {
+    let ledger = Ledger::new(store.clone());
+    for (i, fields) in [
+        &[("state", "archived"), ("fence", "4"), ("token", "x")][..],
+        &[("owner", "another application")][..],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let order = u64::from(Token::random().0[0]) + 10_000 * (i as u64 + 1);
+        let key = Key::builder("idem-tests::redis::settle")
+            .part(&order)
+            .finish();
+        let name = store.redis_key(&key);
+        let () = redis::pipe()
+            .hset_multiple(&name, fields)
+            .ignore()
+            .pexpire(&name, 600_000)
+            .ignore()
+            .query_async(admin)
+            .await
+            .unwrap();
+        let written = raw_record(admin, &name).await;
+
+        let e = store
+            .claim(request(&key, Token::random()))
+            .await
+            .expect_err("a claim over a record in an unknown state");
+        let shown = e.to_string();
+        assert!(e.backend().starts_with("redis"), "{shown}");
+        assert!(
+            shown.contains("state"),
+            "the error does not say why: {shown}"
+        );
+        if i == 0 {
+            assert!(shown.contains("archived"), "{shown}");
+        }
+        let e = store
+            .inspect(&key)
+            .await
+            .expect_err("inspecting a record in an unknown state");
+        assert!(e.to_string().contains("state"), "{e}");
+        let e = store_error(ledger.settle(order).await);
+        assert!(e.to_string().contains("state"), "{e}");
+        assert_eq!(ledger.runs(), 0, "a body ran over an unknown record");
+        assert_eq!(
+            raw_record(admin, &name).await,
+            written,
+            "the unknown record was changed"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_node_unknown_state_fails_closed() {
+    if let Some(store) = single_store().await {
+        unknown_state_fails_closed(store, &mut single_admin().await).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_unknown_state_fails_closed() {
+    if let Some(store) = cluster_store().await {
+        unknown_state_fails_closed(store, &mut cluster_admin().await).await;
+    }
+}
+
+/// A body that outlives its ttl but heartbeats is alive: every renewal keeps
+/// the key (Redis must not expire it under a live lease), a newcomer stays
+/// Busy throughout, and the owner completes at the end.
+async fn renewals_keep_a_live_claim_past_its_ttl(
+    store: RedisStore,
+    admin: &mut impl redis::aio::ConnectionLike,
+) {
+    let key = key("renew-past-ttl");
+    let name = store.redis_key(&key);
+    let token = Token::random();
+    let ttl = Duration::from_secs(1);
+    let claim = store
+        .claim(ClaimRequest {
+            lease: Duration::from_millis(500),
+            ttl,
+            ..request(&key, token)
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(claim, Claim::Acquired { fence: 1, .. }),
+        "{claim:?}"
+    );
+    // A lease far longer than the pause between beats, so a slow machine
+    // cannot let it lapse; the ttl is what must not end the claim.
+    let lease = Duration::from_secs(3);
+    let started = Instant::now();
+    let mut beats = 0;
+    while started.elapsed() < ttl * 3 {
+        assert!(
+            store.renew(&key, token, lease).await.unwrap(),
+            "the live owner lost its claim after {beats} renewals, {:?} into a {ttl:?} ttl",
+            started.elapsed()
+        );
+        beats += 1;
+        let newcomer = store.claim(request(&key, Token::random())).await.unwrap();
+        assert!(
+            matches!(newcomer, Claim::Busy { .. }),
+            "a live claim was taken after {:?}: {newcomer:?}",
+            started.elapsed()
+        );
+        let (fields, expiry) = raw_record(admin, &name).await;
+        assert!(!fields.is_empty() && expiry > 0, "the key expired");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        store
+            .complete(&key, token, completion(b"late"))
+            .await
+            .unwrap()
+    );
+    let info = store.inspect(&key).await.unwrap().expect("record");
+    assert_eq!((info.state, info.fence), (RecordState::Done, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_node_renewals_keep_a_live_claim_past_its_ttl() {
+    if let Some(store) = single_store().await {
+        renewals_keep_a_live_claim_past_its_ttl(store, &mut single_admin().await).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_renewals_keep_a_live_claim_past_its_ttl() {
+    if let Some(store) = cluster_store().await {
+        renewals_keep_a_live_claim_past_its_ttl(store, &mut cluster_admin().await).await;
+    }
 }

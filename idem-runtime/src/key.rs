@@ -1,18 +1,24 @@
-//! Key derivation: business fields → an injective byte encoding → SHA-256.
+//! Key derivation: business fields → an injective byte encoding → SHA-256, or
+//! HMAC-SHA-256 under a [`KeySecret`].
 //!
 //! Every part is written with a type tag and, where its length varies, a length
 //! prefix. The encoding of one part is therefore prefix-free, and a sequence of
 //! parts decodes in exactly one way: `("a|b", "c")` and `("a", "b|c")` can never
 //! share a key, unlike the `String.join("|")` the reference notes use.
 //!
-//! Stores only ever see the 32-byte hash, never the raw values.
+//! Stores only ever see the 32-byte hash, never the raw values. Without a
+//! secret that hash hides only what cannot be guessed: see [`Key`] for what a
+//! plain hash exposes, and [`KeySecret`] for the keyed one.
 
 use std::borrow::Cow;
 use std::fmt;
 use std::rc::Rc;
 use std::sync::Arc;
 
+use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
+
+type HmacSha256 = Hmac<Sha256>;
 
 /// Version byte mixed into every key, so a future change of encoding can never
 /// silently collide with records written by this one.
@@ -277,7 +283,203 @@ impl<T: KeyPart + ToOwned + ?Sized> KeyPart for Cow<'_, T> {
     }
 }
 
-/// A derived idempotency key: the SHA-256 of the scope and the encoded parts.
+/// A per-deployment secret that keys every idempotency key and fingerprint:
+/// hashes become HMAC-SHA-256 under it instead of plain SHA-256.
+///
+/// With a secret, a stored hash says nothing to whoever reads the store (a
+/// replica, a backup, a dump, a downstream provider given a derived
+/// `Idempotency-Key`) unless they also hold the secret: the fields cannot be
+/// recovered by hashing guesses. Install it once at start-up with
+/// [`crate::install_key_secret`], or pass it to [`Key::keyed_builder`] in code
+/// that does not use the process-wide one.
+///
+/// The secret must be the same on every replica that shares a store, and the
+/// same from one start to the next: generate it once (32 random bytes, e.g.
+/// `openssl rand -hex 32`), keep it in the deployment's secret store, never
+/// generate it at start-up.
+///
+/// # Rotation changes every key
+///
+/// A key is a function of the secret, so a new secret gives every call a new
+/// key, and every key derived from it (steps, downstream `Idempotency-Key`s)
+/// and fingerprint with it. There is no lookup under the old secret:
+///
+/// - a retry that straddles the change (first attempt under the old secret,
+///   retry under the new) finds no record and **runs its body again**; a claim
+///   still PROCESSING under the old key does not hold it back either;
+/// - a flow resumed after the change runs again the steps it had finished, and
+///   downstream providers get new `Idempotency-Key`s, so they do not
+///   deduplicate those calls either;
+/// - replicas on different secrets do not see each other's records: during a
+///   rolling deploy, the whole rollout is that window;
+/// - the records written under the old secret are unreachable; they stay until
+///   their ttl (Redis deletes them, a sweeper purges them from SQL).
+///
+/// Turning a secret on for the first time is such a rotation too (from the
+/// plain hash to the keyed one). To rotate safely, do it when no retry of an
+/// earlier request can still arrive: stop taking requests (pause consumers),
+/// let calls in flight finish and the clients' retry windows (a consumer's
+/// redelivery window) pass, switch every replica at once, then resume. If
+/// that cannot be done, the duplicates of that window are stopped only by the
+/// business table's own unique constraint, which should be there anyway.
+/// Rotate because a secret leaked, not on a schedule.
+///
+/// The secret never appears in `Debug` output; [`KeySecret::id`] names it in
+/// logs without revealing it.
+///
+/// ```
+/// use idem_runtime::{Key, KeySecret};
+///
+/// // An example only: load yours from the deployment's secret store.
+/// let secret = KeySecret::from_bytes(b"example secret, never use this one!!")?;
+/// let keyed = Key::keyed_builder("orders::create", &secret).part(&734211u64).finish();
+/// let plain = Key::builder("orders::create").part(&734211u64).finish();
+/// assert_ne!(keyed, plain);
+/// assert!(!format!("{secret:?}").contains("example"));
+/// # Ok::<(), idem_runtime::KeySecretError>(())
+/// ```
+#[derive(Clone)]
+pub struct KeySecret {
+    // The HMAC state after absorbing the secret: each hash clones it instead of
+    // keying a fresh one.
+    mac: HmacSha256,
+}
+
+impl KeySecret {
+    /// The shortest secret accepted, in bytes: as long as the hash, as RFC 2104
+    /// advises for an HMAC key.
+    pub const MIN_LEN: usize = 32;
+
+    /// A secret from raw bytes (at least [`KeySecret::MIN_LEN`]).
+    ///
+    /// ```
+    /// use idem_runtime::KeySecret;
+    ///
+    /// assert!(KeySecret::from_bytes(&[7; 32]).is_ok());
+    /// assert!(KeySecret::from_bytes(b"password").is_err());
+    /// ```
+    pub fn from_bytes(bytes: &[u8]) -> Result<KeySecret, KeySecretError> {
+        if bytes.len() < Self::MIN_LEN {
+            return Err(KeySecretError::TooShort { len: bytes.len() });
+        }
+        let mac = HmacSha256::new_from_slice(bytes).expect("HMAC takes a key of any length");
+        Ok(KeySecret { mac })
+    }
+
+    /// A secret from hex digits (surrounding whitespace, such as the newline
+    /// at the end of a secret file, is ignored).
+    ///
+    /// ```
+    /// use idem_runtime::KeySecret;
+    ///
+    /// let hex = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n";
+    /// assert!(KeySecret::from_hex(hex).is_ok());
+    /// assert!(KeySecret::from_hex("not hex").is_err());
+    /// ```
+    pub fn from_hex(hex: &str) -> Result<KeySecret, KeySecretError> {
+        let bytes = hex::decode(hex.trim()).map_err(|_| KeySecretError::NotHex)?;
+        KeySecret::from_bytes(&bytes)
+    }
+
+    /// A secret from the hex digits in an environment variable.
+    ///
+    /// ```no_run
+    /// use idem_runtime::KeySecret;
+    ///
+    /// idem_runtime::install_key_secret(KeySecret::from_env("IDEM_KEY_SECRET")?);
+    /// # Ok::<(), idem_runtime::KeySecretError>(())
+    /// ```
+    pub fn from_env(var: &str) -> Result<KeySecret, KeySecretError> {
+        let value = std::env::var(var).map_err(|_| KeySecretError::Missing {
+            var: var.to_owned(),
+        })?;
+        KeySecret::from_hex(&value).map_err(|e| match e {
+            KeySecretError::NotHex => KeySecretError::NotHexIn {
+                var: var.to_owned(),
+            },
+            other => other,
+        })
+    }
+
+    /// A short name for this secret, safe to log: the first 8 hex digits of
+    /// its HMAC of a fixed label. Log it at start-up on every replica; they
+    /// must all show the same one.
+    ///
+    /// ```
+    /// use idem_runtime::KeySecret;
+    ///
+    /// let a = KeySecret::from_bytes(&[1; 32]).unwrap();
+    /// assert_eq!(a.id(), KeySecret::from_bytes(&[1; 32]).unwrap().id());
+    /// assert_ne!(a.id(), KeySecret::from_bytes(&[2; 32]).unwrap().id());
+    /// ```
+    pub fn id(&self) -> String {
+        hex::encode(&self.hash(b"idem key secret id")[..4])
+    }
+
+    fn hash(&self, bytes: &[u8]) -> [u8; 32] {
+        let mut mac = self.mac.clone();
+        mac.update(bytes);
+        mac.finalize().into_bytes().into()
+    }
+}
+
+impl fmt::Debug for KeySecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeySecret").field("id", &self.id()).finish()
+    }
+}
+
+/// A [`KeySecret`] that could not be made. Never shows the secret.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeySecretError {
+    /// Fewer bytes than [`KeySecret::MIN_LEN`].
+    #[error(
+        "a key secret needs at least {min} bytes, got {len}: generate one with `openssl rand -hex 32`",
+        min = KeySecret::MIN_LEN
+    )]
+    TooShort {
+        /// How many bytes were given.
+        len: usize,
+    },
+    /// The text is not hex digits.
+    #[error("a key secret must be hex digits")]
+    NotHex,
+    /// The environment variable is not hex digits.
+    #[error("the key secret in ${var} must be hex digits")]
+    NotHexIn {
+        /// The variable's name.
+        var: String,
+    },
+    /// The environment variable is not set (or not Unicode).
+    #[error("no key secret: ${var} is not set")]
+    Missing {
+        /// The variable's name.
+        var: String,
+    },
+}
+
+/// The hash of an encoding: keyed when there is a secret.
+fn hash(secret: Option<&KeySecret>, encoding: &[u8]) -> [u8; 32] {
+    match secret {
+        Some(secret) => secret.hash(encoding),
+        None => Sha256::digest(encoding).into(),
+    }
+}
+
+/// A derived idempotency key: the hash of the scope and the encoded parts,
+/// HMAC-SHA-256 under the [`KeySecret`] if one is installed (or given to
+/// [`Key::keyed_builder`]), plain SHA-256 otherwise.
+///
+/// **What a plain SHA-256 key exposes.** Without a secret, the hash is of a
+/// public encoding of the scope and the fields, so it hides only what cannot
+/// be guessed. Whoever can read the store (a replica, a backup, a dump, a
+/// support tool) or is handed a key derived from it (a downstream
+/// `Idempotency-Key`) can test candidate field values offline, at millions per
+/// second: a user id, an order number, a date, a small amount is recovered in
+/// seconds, and with it which user did what, when. The raw values are not in
+/// the store, but they are not protected either. Install a [`KeySecret`]
+/// wherever that matters.
 ///
 /// ```
 /// use idem_runtime::Key;
@@ -291,12 +493,34 @@ impl<T: KeyPart + ToOwned + ?Sized> KeyPart for Cow<'_, T> {
 pub struct Key([u8; 32]);
 
 impl Key {
-    /// Starts a key in `scope` (a namespace such as `"orders::create"`).
+    /// Starts a key in `scope` (a namespace such as `"orders::create"`),
+    /// hashed under the installed [`KeySecret`] if there is one (see
+    /// [`crate::install_key_secret`]), with plain SHA-256 otherwise.
     pub fn builder(scope: &str) -> KeyBuilder {
+        Key::start(scope, crate::global::key_secret())
+    }
+
+    /// Starts a key in `scope` hashed under `secret`, whatever is installed:
+    /// for code that does not use the process-wide secret.
+    ///
+    /// ```
+    /// use idem_runtime::{Key, KeySecret};
+    ///
+    /// let secret = KeySecret::from_bytes(&[42; 32])?;
+    /// let a = Key::keyed_builder("orders::create", &secret).part(&7u64).finish();
+    /// let b = Key::keyed_builder("orders::create", &secret).part(&7u64).finish();
+    /// assert_eq!(a, b);
+    /// # Ok::<(), idem_runtime::KeySecretError>(())
+    /// ```
+    pub fn keyed_builder(scope: &str, secret: &KeySecret) -> KeyBuilder {
+        Key::start(scope, Some(secret.clone()))
+    }
+
+    fn start(scope: &str, secret: Option<KeySecret>) -> KeyBuilder {
         let mut enc = KeyEncoder::new();
         enc.buf.push(ENCODING_VERSION);
         enc.write_tagged_bytes(tag::SCOPE, scope.as_bytes());
-        KeyBuilder { enc }
+        KeyBuilder { enc, secret }
     }
 
     /// Wraps a hash read back from a store.
@@ -329,7 +553,9 @@ impl Key {
     ///
     /// Use it for the `Idempotency-Key` of each downstream call a body makes, or
     /// as the key of a step: the same parent and label always give the same
-    /// child, and different labels never collide.
+    /// child, and different labels never collide. The child is the SHA-256 of
+    /// the parent's hash and the label: keyed whenever the parent is, since
+    /// nobody can compute the parent without the secret.
     ///
     /// ```
     /// use idem_runtime::Key;
@@ -387,6 +613,7 @@ pub struct KeyParseError {
 #[derive(Debug, Clone)]
 pub struct KeyBuilder {
     enc: KeyEncoder,
+    secret: Option<KeySecret>,
 }
 
 impl KeyBuilder {
@@ -406,9 +633,9 @@ impl KeyBuilder {
         self.enc.as_bytes()
     }
 
-    /// Hashes the encoding into the key.
+    /// Hashes the encoding into the key (keyed if the builder has a secret).
     pub fn finish(self) -> Key {
-        Key(Sha256::digest(&self.enc.buf).into())
+        Key(hash(self.secret.as_ref(), &self.enc.buf))
     }
 }
 
@@ -419,10 +646,21 @@ pub struct Fingerprint([u8; 32]);
 
 impl Fingerprint {
     /// Starts a fingerprint; add the fields with [`FingerprintBuilder::part`].
+    /// Keyed like [`Key::builder`]: a fingerprint is stored next to its key
+    /// and its fields can be as guessable.
     pub fn builder() -> FingerprintBuilder {
+        Fingerprint::start(crate::global::key_secret())
+    }
+
+    /// Starts a fingerprint hashed under `secret`, whatever is installed.
+    pub fn keyed_builder(secret: &KeySecret) -> FingerprintBuilder {
+        Fingerprint::start(Some(secret.clone()))
+    }
+
+    fn start(secret: Option<KeySecret>) -> FingerprintBuilder {
         let mut enc = KeyEncoder::new();
         enc.buf.push(ENCODING_VERSION);
-        FingerprintBuilder { enc }
+        FingerprintBuilder { enc, secret }
     }
 
     /// Wraps a fingerprint read back from a store.
@@ -446,6 +684,7 @@ impl fmt::Debug for Fingerprint {
 #[derive(Debug, Clone)]
 pub struct FingerprintBuilder {
     enc: KeyEncoder,
+    secret: Option<KeySecret>,
 }
 
 impl FingerprintBuilder {
@@ -460,9 +699,9 @@ impl FingerprintBuilder {
         part.encode_key(&mut self.enc);
     }
 
-    /// Hashes the fields.
+    /// Hashes the fields (keyed if the builder has a secret).
     pub fn finish(self) -> Fingerprint {
-        Fingerprint(Sha256::digest(&self.enc.buf).into())
+        Fingerprint(hash(self.secret.as_ref(), &self.enc.buf))
     }
 }
 
@@ -601,6 +840,133 @@ mod tests {
             let same_meaning = a.iter().map(normalise).eq(b.iter().map(normalise));
             prop_assert_eq!(encode(&a) == encode(&b), same_meaning);
         }
+    }
+
+    fn secret(byte: u8) -> KeySecret {
+        KeySecret::from_bytes(&[byte; 32]).unwrap()
+    }
+
+    fn keyed(secret: &KeySecret, parts: &[Part]) -> Key {
+        let mut b = Key::keyed_builder("scope", secret);
+        for p in parts {
+            match p {
+                Part::U(v) => b.push(v),
+                Part::I(v) => b.push(v),
+                Part::B(v) => b.push(v),
+                Part::C(v) => b.push(v),
+                Part::S(v) => b.push(v),
+                Part::O(v) => b.push(v),
+                Part::V(v) => b.push(v),
+            }
+        }
+        b.finish()
+    }
+
+    proptest! {
+        #[test]
+        fn keyed_keys_are_as_distinct_as_their_parts(
+            a in proptest::collection::vec(part(), 0..5),
+            b in proptest::collection::vec(part(), 0..5),
+        ) {
+            let same_meaning = a.iter().map(normalise).eq(b.iter().map(normalise));
+            let s = secret(0x5a);
+            prop_assert_eq!(keyed(&s, &a) == keyed(&s, &b), same_meaning);
+        }
+    }
+
+    #[test]
+    fn plain_keys_are_the_sha256_of_the_encoding() {
+        let b = Key::builder("orders").part(&734211u64);
+        let expected: [u8; 32] = Sha256::digest(b.encoding()).into();
+        assert_eq!(b.finish().as_bytes(), &expected);
+    }
+
+    #[test]
+    fn keyed_keys_are_the_hmac_sha256_of_the_encoding() {
+        let raw = [0x5a; 32];
+        let b =
+            Key::keyed_builder("orders", &KeySecret::from_bytes(&raw).unwrap()).part(&734211u64);
+        let mut mac = HmacSha256::new_from_slice(&raw).unwrap();
+        mac.update(b.encoding());
+        let expected: [u8; 32] = mac.finalize().into_bytes().into();
+        let key = b.finish();
+        assert_eq!(key.as_bytes(), &expected);
+        assert_ne!(key, Key::builder("orders").part(&734211u64).finish());
+    }
+
+    #[test]
+    fn a_secret_gives_stable_keys_and_two_secrets_different_ones() {
+        let (a, b) = (secret(1), secret(2));
+        let parts = [Part::U(734211), Part::S("SKU-1".into())];
+        assert_eq!(keyed(&a, &parts), keyed(&a, &parts));
+        assert_eq!(keyed(&a, &parts), keyed(&a.clone(), &parts));
+        assert_ne!(keyed(&a, &parts), keyed(&b, &parts));
+        assert_ne!(a.id(), b.id());
+    }
+
+    #[test]
+    fn derived_keys_stay_keyed() {
+        let plain = Key::builder("orders").part(&1u8).finish();
+        let keyed = Key::keyed_builder("orders", &secret(3)).part(&1u8).finish();
+        assert_ne!(keyed.derive("charge"), plain.derive("charge"));
+        assert_ne!(
+            keyed.derive_indexed("charge", 0),
+            plain.derive_indexed("charge", 0)
+        );
+        let other = Key::keyed_builder("orders", &secret(4)).part(&1u8).finish();
+        assert_ne!(keyed.derive("charge"), other.derive("charge"));
+    }
+
+    #[test]
+    fn fingerprints_are_keyed_too() {
+        let plain = Fingerprint::builder().part(&100u32).finish();
+        let a = Fingerprint::keyed_builder(&secret(1))
+            .part(&100u32)
+            .finish();
+        assert_ne!(a, plain);
+        assert_eq!(
+            a,
+            Fingerprint::keyed_builder(&secret(1))
+                .part(&100u32)
+                .finish()
+        );
+        assert_ne!(
+            a,
+            Fingerprint::keyed_builder(&secret(2))
+                .part(&100u32)
+                .finish()
+        );
+    }
+
+    #[test]
+    fn the_secret_never_shows_in_debug_output() {
+        let raw: Vec<u8> = (0xa0..0xc0).collect();
+        let hex = hex::encode(&raw);
+        let s = KeySecret::from_bytes(&raw).unwrap();
+        let shown = [
+            format!("{s:?}"),
+            format!("{s:#?}"),
+            format!("{:?}", Key::keyed_builder("orders", &s).part(&1u8)),
+            format!("{:?}", Fingerprint::keyed_builder(&s).part(&1u8)),
+        ];
+        for shown in shown {
+            assert!(shown.contains(&s.id()), "{shown}");
+            assert!(!shown.contains(&hex[..8]), "the secret leaked: {shown}");
+            assert!(!shown.contains("160, 161"), "the secret leaked: {shown}");
+        }
+    }
+
+    #[test]
+    fn weak_or_malformed_secrets_are_refused_without_echoing_them() {
+        let e = KeySecret::from_bytes(b"hunter2").unwrap_err();
+        assert_eq!(e, KeySecretError::TooShort { len: 7 });
+        assert!(!e.to_string().contains("hunter2"));
+        let e = KeySecret::from_hex("zz-secret-zz").unwrap_err();
+        assert_eq!(e, KeySecretError::NotHex);
+        assert!(!e.to_string().contains("secret-zz"));
+        assert!(KeySecret::from_hex(&format!("  {}\n", "ab".repeat(32))).is_ok());
+        let e = KeySecret::from_env("IDEM_TEST_NO_SUCH_VARIABLE_FOR_KEY_SECRET").unwrap_err();
+        assert!(matches!(e, KeySecretError::Missing { .. }), "{e}");
     }
 
     #[test]

@@ -65,8 +65,8 @@ pub use idem_macros::step;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{CodecError, Error, StoreError};
 pub use flow::{current_fence, current_key, lease_lost};
-pub use global::install;
-pub use key::{Fingerprint, Key, KeyEncoder, KeyPart};
+pub use global::{install, install_key_secret};
+pub use key::{Fingerprint, Key, KeyEncoder, KeyPart, KeySecret, KeySecretError};
 pub use observe::CallOutcome;
 pub use store::{
     AsStore, Claim, ClaimRequest, Completion, Outcome, RecordInfo, RecordState, Store, StoreRef,

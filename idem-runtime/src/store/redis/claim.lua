@@ -10,6 +10,8 @@
 --   {'acquired', fence, takeover (0 or 1)}
 --   {'busy', lease remaining in ms, fingerprint or nil}
 --   {'done', outcome code, result, fingerprint or nil}
+-- or an IDEM_UNKNOWN_STATE error when the key holds a hash whose state it
+-- does not know, which it leaves untouched.
 --
 -- Everything about a record lives in this one hash and changes in this one
 -- script, so no crash can leave a status without its owner, lease or result.
@@ -49,19 +51,35 @@ elseif state == 'processing' then
 elseif state == 'released' then
   -- release.lua kept the hash for exactly this: the fence goes on growing.
   fence = tonumber(r[3]) + 1
+elseif state then
+  -- A state this version does not know (a newer version's, a hand edit):
+  -- claiming over it could run a body twice, so fail closed and touch nothing.
+  return redis.error_reply(string.format(
+    "IDEM_UNKNOWN_STATE record %s has an unknown state '%s'; left as it is",
+    key, string.sub(state, 1, 64)))
+elseif redis.call('EXISTS', key) == 1 then
+  -- Only an absent record pays for this check. A hash without a state is not
+  -- one of ours, or not whole: the same, fail closed.
+  return redis.error_reply(string.format(
+    'IDEM_UNKNOWN_STATE record %s exists but has no state; left as it is', key))
 end
 
 -- Integers as digits: Lua numbers are doubles, and a plain number argument to
 -- redis.call could be formatted in exponent notation.
 -- One HSET for every field, an empty fingerprint meaning none: a redis.call
 -- costs more than the work it does, and a claim is on every request's path.
-local expires_at = string.format('%d', now + ttl)
+-- The record outlives its lease even when a caller asks for a ttl shorter
+-- than the lease: Redis deleting a live claim would let a newcomer run the
+-- body beside it. The ttl is kept for renew.lua, which counts it again from
+-- each heartbeat.
+local expires_at = string.format('%d', now + math.max(ttl, lease))
 redis.call('HSET', key,
   'state', 'processing',
   'token', token,
   'fence', string.format('%d', fence),
   'lease_until', string.format('%d', now + lease),
   'expires_at', expires_at,
+  'ttl', ARGV[3],
   'fingerprint', fp)
 -- Redis itself deletes the record when its ttl ends.
 redis.call('PEXPIREAT', key, expires_at)

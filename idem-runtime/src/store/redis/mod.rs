@@ -1,10 +1,15 @@
 //! Records in Redis, on a single node or a Redis Cluster.
 //!
 //! Each record is one hash, `<prefix>{<64 hex of the key>}`, holding `state`
-//! (`processing`, `done` or `released`), the owner `token`, the `fence`,
-//! `lease_until` and `expires_at` (server milliseconds), the `fingerprint`,
-//! and once done the `outcome` and `result`. Every operation that changes a
-//! record is one Lua script, each in its own file next to this one:
+//! (`processing`, `done` or `released`), the owner `token` (kept once done: a
+//! re-sent completion recognises itself by it), the `fence`, `lease_until` and
+//! `expires_at` (server milliseconds), the claim's `ttl`, the `fingerprint`,
+//! and once done the `outcome` and `result`. A hash at a record's key with any
+//! other state, or none, is never taken for an absent record: claiming or
+//! inspecting it fails with a `StoreError` and leaves it alone.
+//!
+//! Every operation that changes a record is one Lua script, each in its own
+//! file next to this one:
 //! `claim.lua`, `complete.lua`, `release.lua`, `renew.lua` (and `purge.lua`).
 //! Scripts run with `EVALSHA` and are loaded again by themselves when the
 //! server answers `NOSCRIPT` (after a restart, a failover or `SCRIPT FLUSH`).
@@ -20,7 +25,10 @@
 //! - the hash tag `{…}` around the key's hex: a Redis Cluster places the key by
 //!   the tag alone, and since every script touches exactly one key no command
 //!   is ever CROSSSLOT; the same code runs on one node and on a cluster;
-//! - expiry by `PEXPIREAT`: Redis deletes expired records itself.
+//! - expiry by `PEXPIREAT`: Redis deletes expired records itself; the expiry
+//!   never comes before the lease end, and each renewal pushes it to the ttl
+//!   from now, so Redis never deletes the record of a body that is still
+//!   heartbeating, however long it runs.
 //!
 //! What Redis guarantees, and what it does not: a single Redis node (or the
 //! master of a slot) acknowledges writes before replicating them, and a
@@ -28,6 +36,7 @@
 //! duplicates; alone it does not prove uniqueness. Keep a unique constraint on
 //! the business table behind it.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -654,41 +663,72 @@ fn decode_claim(reply: Value) -> Result<Claim, Malformed> {
     }
 }
 
-const INSPECT_FIELDS: [&str; 7] = [
-    "state",
-    "fence",
-    "lease_until",
-    "expires_at",
-    "fingerprint",
-    "outcome",
-    "result",
-];
+/// A record whose state this version does not know (a newer version's, a hand
+/// edit, another application's hash under the same prefix). Never read as
+/// absent: that would let a claim run the body again over it.
+#[derive(Debug)]
+struct UnknownState {
+    key: String,
+    state: Option<String>,
+}
 
-fn decode_record(reply: Value) -> Result<Option<RecordInfo>, Malformed> {
-    let Value::Array(fields) = reply else {
-        return Err(Malformed("HMGET did not answer an array"));
-    };
-    let mut f = fields.into_iter();
-    let state = match optional(f.next()).map(|v| bytes(Some(v))).transpose()? {
+impl fmt::Display for UnknownState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.state {
+            Some(state) => write!(
+                f,
+                "record {} has an unknown state '{state}'; left as it is",
+                self.key
+            ),
+            None => write!(
+                f,
+                "record {} exists but has no state; left as it is",
+                self.key
+            ),
+        }
+    }
+}
+
+impl std::error::Error for UnknownState {}
+
+type DecodeError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A record from its `HGETALL` reply (an array in RESP2, a map in RESP3).
+fn decode_record(redis_key: &str, reply: Value) -> Result<Option<RecordInfo>, DecodeError> {
+    let mut f: HashMap<Vec<u8>, Value> =
+        redis::from_redis_value(reply).map_err(|e| e.to_string())?;
+    if f.is_empty() {
+        // Absent, or expired (Redis deleted it).
+        return Ok(None);
+    }
+    let mut field = |name: &str| f.remove(name.as_bytes());
+    let state = match optional(field("state"))
+        .map(|v| bytes(Some(v)))
+        .transpose()?
+    {
         Some(s) if s == b"processing" => RecordState::Processing,
         Some(s) if s == b"done" => RecordState::Done,
-        // Absent, expired (Redis deleted it) or released: not live.
-        _ => return Ok(None),
+        Some(s) if s == b"released" => return Ok(None),
+        state => {
+            return Err(Box::new(UnknownState {
+                key: redis_key.to_owned(),
+                state: state.map(|s| String::from_utf8_lossy(&s).chars().take(64).collect()),
+            }));
+        }
     };
-    let fence = fence(f.next())?;
-    let lease_until = optional(f.next()).map(|v| int(Some(v))).transpose()?;
-    let expires_at_millis = int(f.next())?;
-    let fp = fingerprint(f.next())?;
+    let fence = fence(field("fence"))?;
+    let lease_until = optional(field("lease_until"))
+        .map(|v| int(Some(v)))
+        .transpose()?;
+    let expires_at_millis = int(field("expires_at"))?;
+    let fp = fingerprint(field("fingerprint"))?;
     let result = match state {
         RecordState::Processing => None,
-        RecordState::Done => {
-            let outcome = outcome(f.next())?;
-            Some(StoredResult {
-                fingerprint: fp,
-                outcome,
-                payload: bytes(f.next())?,
-            })
-        }
+        RecordState::Done => Some(StoredResult {
+            fingerprint: fp,
+            outcome: outcome(field("outcome"))?,
+            payload: bytes(field("result"))?,
+        }),
     };
     Ok(Some(RecordInfo {
         state,
@@ -779,16 +819,17 @@ impl Store for RedisStore {
             .await
     }
 
-    /// One `HMGET`: reads need no script, and a record Redis expired is
-    /// already gone.
+    /// One `HGETALL`: reads need no script, and a record Redis expired is
+    /// already gone. The whole hash rather than the known fields, so that a
+    /// hash without a state is told apart from no record.
     async fn inspect(&self, key: &Key) -> Result<Option<RecordInfo>, StoreError> {
-        let reply: Value = redis::cmd("HMGET")
-            .arg(self.redis_key(key))
-            .arg(&INSPECT_FIELDS[..])
+        let redis_key = self.redis_key(key);
+        let reply: Value = redis::cmd("HGETALL")
+            .arg(&redis_key)
             .query_async(&mut self.conn())
             .await
             .map_err(|e| self.err(e))?;
-        decode_record(reply).map_err(|e| self.err(e))
+        decode_record(&redis_key, reply).map_err(|e| self.err(e))
     }
 
     /// One `DEL`, whatever the record's state.
