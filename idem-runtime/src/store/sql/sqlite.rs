@@ -479,7 +479,7 @@ impl Store for SqliteStore {
     async fn renew(&self, key: &Key, token: Token, lease: Duration) -> Result<bool, StoreError> {
         let now = self.now();
         let done = sqlx::query(
-            "UPDATE idem_records SET lease_until = ?1
+            "UPDATE idem_records SET lease_until = ?1, expires_at = max(expires_at, ?1)
              WHERE key = ?2 AND state = 1 AND token = ?3 AND expires_at > ?4",
         )
         .bind(now.saturating_add(duration_millis(lease)))
