@@ -626,7 +626,16 @@ async fn a_claim_that_waited_on_a_lock_starts_its_lease_when_it_wins(existing: b
     assert!(!b.is_finished(), "B did not wait for A");
     a.rollback().await.unwrap();
     let won = b.await.unwrap().unwrap();
-    assert!(matches!(won, Claim::Acquired { takeover: false, .. }), "{won:?}");
+    assert!(
+        matches!(
+            won,
+            Claim::Acquired {
+                takeover: false,
+                ..
+            }
+        ),
+        "{won:?}"
+    );
 
     let third = store
         .claim(leased(&key, Token::random(), lease))
@@ -674,7 +683,10 @@ async fn a_renewal_that_waited_on_a_lock_counts_from_when_it_got_the_row() {
     wait_on_a_lock(&store, connection).await;
     tokio::time::sleep(lease * 2).await;
     holder.commit().await.unwrap();
-    assert!(renewal.await.unwrap().unwrap(), "the owner's renewal failed");
+    assert!(
+        renewal.await.unwrap().unwrap(),
+        "the owner's renewal failed"
+    );
     let newcomer = store
         .claim(leased(&key, Token::random(), lease))
         .await
@@ -735,7 +747,10 @@ async fn replays_in_opposite_orders_inside_transactions_neither_wait_nor_deadloc
             .await;
         (claim, tx2)
     });
-    let (one, two) = soon("a replay", async { (one.await.unwrap(), two.await.unwrap()) }).await;
+    let (one, two) = soon("a replay", async {
+        (one.await.unwrap(), two.await.unwrap())
+    })
+    .await;
     for ((claim, mut tx), payload) in [(one, b"b"), (two, b"a")] {
         match claim {
             Ok(Claim::Done(stored)) => assert_eq!(stored.payload, payload),
@@ -768,11 +783,21 @@ async fn a_busy_duplicate_in_an_open_transaction_does_not_block_the_owner() {
         .unwrap();
     assert!(matches!(claim, Claim::Busy { .. }), "{claim:?}");
 
-    assert!(soon("the owner's renewal", store.renew(&key, owner, Duration::from_secs(30))).await.unwrap());
     assert!(
-        soon("the owner's completion", store.complete(&key, owner, success(b"owner")))
-            .await
-            .unwrap()
+        soon(
+            "the owner's renewal",
+            store.renew(&key, owner, Duration::from_secs(30))
+        )
+        .await
+        .unwrap()
+    );
+    assert!(
+        soon(
+            "the owner's completion",
+            store.complete(&key, owner, success(b"owner"))
+        )
+        .await
+        .unwrap()
     );
     dup.commit().await.unwrap();
 }
@@ -830,10 +855,13 @@ impl Database {
     }
 
     async fn count(&self) -> i64 {
-        sqlx::query_scalar(&format!("SELECT COUNT(*) FROM `{}`.idem_records", self.name))
-            .fetch_one(self.admin.pool())
-            .await
-            .unwrap()
+        sqlx::query_scalar(&format!(
+            "SELECT COUNT(*) FROM `{}`.idem_records",
+            self.name
+        ))
+        .fetch_one(self.admin.pool())
+        .await
+        .unwrap()
     }
 
     async fn drop(self) {

@@ -858,7 +858,16 @@ async fn a_claim_that_waited_on_a_lock_starts_its_lease_when_it_wins(existing: b
     assert!(!b.is_finished(), "B did not wait for A");
     a.rollback().await.unwrap();
     let won = b.await.unwrap().unwrap();
-    assert!(matches!(won, Claim::Acquired { takeover: false, .. }), "{won:?}");
+    assert!(
+        matches!(
+            won,
+            Claim::Acquired {
+                takeover: false,
+                ..
+            }
+        ),
+        "{won:?}"
+    );
 
     let third = store
         .claim(request(&key, Token::random(), lease))
@@ -906,7 +915,10 @@ async fn a_renewal_that_waited_on_a_lock_counts_from_when_it_got_the_row() {
     wait_on_a_lock(&store, pid).await;
     tokio::time::sleep(lease * 2).await;
     holder.commit().await.unwrap();
-    assert!(renewal.await.unwrap().unwrap(), "the owner's renewal failed");
+    assert!(
+        renewal.await.unwrap().unwrap(),
+        "the owner's renewal failed"
+    );
     let newcomer = store
         .claim(request(&key, Token::random(), lease))
         .await

@@ -1111,6 +1111,78 @@ mod tests {
         assert_eq!(location(&o), "[::1]:3306/d");
     }
 
+    /// The purge reads a range of the `expires_at` index, not the table, on a
+    /// table where nearly every row is live. Needs the test server
+    /// (`IDEM_MYSQL_URL`); says so and passes without it, unless
+    /// `IDEM_REQUIRE_SERVICES=1`.
+    #[tokio::test]
+    async fn purge_walks_the_expires_at_index() {
+        use sqlx::Executor as _;
+
+        let url = std::env::var("IDEM_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+        let admin = match MySqlPool::connect(&url).await {
+            Ok(pool) => pool,
+            Err(e) if std::env::var("IDEM_REQUIRE_SERVICES").is_ok_and(|v| v == "1") => {
+                panic!("MariaDB is unreachable: {e}")
+            }
+            Err(e) => return eprintln!("SKIPPED: MariaDB is unreachable: {e}"),
+        };
+        let db = format!("idem_plan_{:016x}", rand::random::<u64>());
+        admin
+            .execute(format!("CREATE DATABASE `{db}`").as_str())
+            .await
+            .unwrap();
+        let options = MySqlConnectOptions::from_str(&url).unwrap().database(&db);
+        let store = MySqlStore::builder().connect_with(options).await.unwrap();
+        store
+            .pool()
+            .execute(
+                "INSERT INTO idem_records (`key`, state, token, fence, lease_until, expires_at)
+                 WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 500)
+                 SELECT UNHEX(SHA2(i, 256)), 2, UNHEX(MD5(i)), 1, 0,
+                        IF(i <= 5, 0, 9000000000000 + i)
+                 FROM n",
+            )
+            .await
+            .unwrap();
+        store
+            .pool()
+            .execute("ANALYZE TABLE idem_records")
+            .await
+            .unwrap();
+        let plan = sqlx::query(&format!("EXPLAIN {PURGE_SELECT}"))
+            .bind(100_i64)
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+        let steps: Vec<(String, Option<String>)> = plan
+            .iter()
+            .map(|row| {
+                let text = |col: &str| {
+                    row.try_get::<Option<Vec<u8>>, _>(col)
+                        .ok()
+                        .flatten()
+                        .map(|b| String::from_utf8_lossy(&b).into_owned())
+                        .or_else(|| row.try_get::<Option<String>, _>(col).ok().flatten())
+                };
+                (text("type").unwrap_or_default(), text("key"))
+            })
+            .collect();
+        store.pool().close().await;
+        admin
+            .execute(format!("DROP DATABASE `{db}`").as_str())
+            .await
+            .unwrap();
+        assert_eq!(
+            steps,
+            vec![(
+                "range".to_owned(),
+                Some("idem_records_expires_at".to_owned())
+            )]
+        );
+    }
+
     #[test]
     fn claim_assigns_token_before_the_columns_that_read_it() {
         // The ordering argument in the comment above CLAIM, checked on the text.

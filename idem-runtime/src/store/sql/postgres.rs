@@ -85,15 +85,21 @@ ON CONFLICT (key) DO UPDATE SET
     taken_over  = (r.state = 1 AND r.expires_at > (SELECT now FROM clock)
                    AND r.token <> excluded.token),
     token       = excluded.token,
-    lease_until = ", server_now!(), " + $3,
-    expires_at  = ", server_now!(), " + $4,
+    lease_until = ",
+    server_now!(),
+    " + $3,
+    expires_at  = ",
+    server_now!(),
+    " + $4,
     fingerprint = excluded.fingerprint,
     outcome     = NULL,
     result      = NULL
 WHERE r.expires_at <= (SELECT now FROM clock)
    OR r.state = 0
    OR (r.state = 1 AND (r.lease_until <= (SELECT now FROM clock) OR r.token = excluded.token))
-RETURNING fence, taken_over, lease_until - $3 AS started, ", server_now!(), " AS now"
+RETURNING fence, taken_over, lease_until - $3 AS started, ",
+    server_now!(),
+    " AS now"
 );
 
 const READ: &str = concat!(
