@@ -938,3 +938,52 @@ async fn purging_is_bounded_skips_locked_rows_and_waits_for_no_claim() {
     assert!(store.inspect(&live).await.unwrap().is_some());
     db.drop().await;
 }
+
+/// The one place a duplicate inside a transaction can still be a deadlock
+/// victim, as `TxConnection for MySqlConnection` documents: two duplicates
+/// wait on a first transaction's claim of a new key, and it rolls back. Their
+/// inserts then meet on the key's gap. Exactly one claims; the other is told
+/// Busy or gets a 1213 that `is_retryable` recognises, never anything else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_duplicates_waiting_on_a_rolled_back_claim_one_wins_the_other_is_busy_or_retryable() {
+    let Some(store) = store().await else { return };
+    let key = fresh_key("mysql-two-waiting");
+    let mut first = store.pool().begin().await.unwrap();
+    let claim = first
+        .tx_connection()
+        .claim(request(&key, Token::random()))
+        .await
+        .unwrap();
+    assert!(matches!(claim, Claim::Acquired { .. }), "{claim:?}");
+    let duplicate = || {
+        let pool = store.pool().clone();
+        tokio::spawn(async move {
+            let mut tx = pool.begin().await.unwrap();
+            let claim = tx
+                .tx_connection()
+                .claim(request(&key, Token::random()))
+                .await;
+            let _ = tx.commit().await;
+            claim
+        })
+    };
+    let (one, two) = (duplicate(), duplicate());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.rollback().await.unwrap();
+    let results = soon("the duplicates", async {
+        [one.await.unwrap(), two.await.unwrap()]
+    })
+    .await;
+    let won = results
+        .iter()
+        .filter(|r| matches!(r, Ok(Claim::Acquired { .. })))
+        .count();
+    assert_eq!(won, 1, "{results:?}");
+    for r in &results {
+        match r {
+            Ok(Claim::Acquired { .. } | Claim::Busy { .. }) => {}
+            Err(e) if MySqlStore::is_retryable(e) && e.to_string().contains("1213") => {}
+            other => panic!("{other:?}"),
+        }
+    }
+}
