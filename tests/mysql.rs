@@ -541,3 +541,449 @@ async fn annotated_call_fails_closed_when_the_server_is_gone() {
     }
     assert_eq!(runs.load(SeqCst), 0, "the body ran without a claim");
 }
+
+// --- locks: leases that waited, replays that take none, purging ----------------
+
+/// A store with one connection, and that connection's id: whatever the store
+/// runs, `wait_on_a_lock` can watch.
+async fn store_with_one_connection() -> Option<(MySqlStore, u64)> {
+    store().await?;
+    let pool = MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(&services::mysql_url())
+        .await
+        .unwrap();
+    // After opening: migrating closes the connection it used.
+    let store = MySqlStore::builder().pool(pool).await.unwrap();
+    let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    Some((store, id))
+}
+
+/// Until the connection's statement has run for a while: a claim or a renewal
+/// is a one-row statement, so one still running is waiting on a lock.
+/// (MariaDB's INNODB_TRX does not reliably list an autocommit statement.)
+async fn wait_on_a_lock(store: &MySqlStore, connection: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST
+             WHERE ID = ? AND INFO IS NOT NULL AND TIME_MS > 200",
+        )
+        .bind(connection)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the call never waited on a lock"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn leased(key: &Key, token: Token, lease: Duration) -> ClaimRequest<'_> {
+    ClaimRequest {
+        lease,
+        ..request(key, token)
+    }
+}
+
+/// Transaction A claims the key and keeps its row locked for two of B's
+/// leases; store caller B waits on it and wins when A rolls back. B's lease
+/// starts then, not when its statement began: a third caller is busy, not a
+/// takeover. `existing`: the row was there before A (released), so A and then
+/// B update it; otherwise A inserted it and B's insert waited.
+async fn a_claim_that_waited_on_a_lock_starts_its_lease_when_it_wins(existing: bool) {
+    let Some(store) = store().await else { return };
+    let Some((waiter, connection)) = store_with_one_connection().await else {
+        return;
+    };
+    let lease = Duration::from_secs(1);
+    let key = fresh_key("mysql-waited-lease");
+    if existing {
+        let token = Token::random();
+        store.claim(leased(&key, token, lease)).await.unwrap();
+        assert!(store.release(&key, token).await.unwrap());
+    }
+    let mut a = store.pool().begin().await.unwrap();
+    let claim = a
+        .tx_connection()
+        .claim(leased(&key, Token::random(), lease))
+        .await
+        .unwrap();
+    assert!(matches!(claim, Claim::Acquired { .. }), "{claim:?}");
+
+    let b = tokio::spawn(async move { waiter.claim(leased(&key, Token::random(), lease)).await });
+    wait_on_a_lock(&store, connection).await;
+    // Long enough that a lease counted from B's statement start has run out.
+    tokio::time::sleep(lease * 2).await;
+    assert!(!b.is_finished(), "B did not wait for A");
+    a.rollback().await.unwrap();
+    let won = b.await.unwrap().unwrap();
+    assert!(
+        matches!(
+            won,
+            Claim::Acquired {
+                takeover: false,
+                ..
+            }
+        ),
+        "{won:?}"
+    );
+
+    let third = store
+        .claim(leased(&key, Token::random(), lease))
+        .await
+        .unwrap();
+    assert!(
+        matches!(third, Claim::Busy { .. }),
+        "B's fresh lease was taken over at once: {third:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_that_waited_on_an_uncommitted_insert_starts_its_lease_when_it_wins() {
+    a_claim_that_waited_on_a_lock_starts_its_lease_when_it_wins(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_that_waited_on_a_locked_row_starts_its_lease_when_it_wins() {
+    // Released, then re-claimed by A, so the release must not be purged.
+    let _table = idem_tests::conformance::share_table("mysql-waited-lease").await;
+    a_claim_that_waited_on_a_lock_starts_its_lease_when_it_wins(true).await;
+}
+
+/// The owner's renewal waits on a row lock another transaction holds; the
+/// renewed lease counts from when it got the row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_renewal_that_waited_on_a_lock_counts_from_when_it_got_the_row() {
+    let Some(store) = store().await else { return };
+    let Some((owner, connection)) = store_with_one_connection().await else {
+        return;
+    };
+    let lease = Duration::from_secs(1);
+    let (key, token) = (fresh_key("mysql-waited-renewal"), Token::random());
+    assert!(matches!(
+        owner.claim(leased(&key, token, lease)).await.unwrap(),
+        Claim::Acquired { .. }
+    ));
+    let mut holder = store.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM idem_records WHERE `key` = ? FOR UPDATE")
+        .bind(&key.as_bytes()[..])
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let renewal = tokio::spawn(async move { owner.renew(&key, token, lease).await });
+    wait_on_a_lock(&store, connection).await;
+    tokio::time::sleep(lease * 2).await;
+    holder.commit().await.unwrap();
+    assert!(
+        renewal.await.unwrap().unwrap(),
+        "the owner's renewal failed"
+    );
+    let newcomer = store
+        .claim(leased(&key, Token::random(), lease))
+        .await
+        .unwrap();
+    assert!(
+        matches!(newcomer, Claim::Busy { .. }),
+        "the renewed lease was already spent: {newcomer:?}"
+    );
+}
+
+/// A key completed on the pool, ready to replay.
+async fn done_key(store: &MySqlStore, name: &str, payload: &[u8]) -> Key {
+    let (key, token) = (fresh_key(name), Token::random());
+    assert!(matches!(
+        store.claim(request(&key, token)).await.unwrap(),
+        Claim::Acquired { .. }
+    ));
+    assert!(store.complete(&key, token, success(payload)).await.unwrap());
+    key
+}
+
+/// Ends in time or fails the test: a lock wait would otherwise last
+/// `innodb_lock_wait_timeout` (50 s) and be retried.
+async fn soon<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(10), f)
+        .await
+        .unwrap_or_else(|_| panic!("{what} waited on a lock"))
+}
+
+/// Two transactions replay two DONE keys in opposite orders: neither waits on
+/// the other, neither is a deadlock victim, and both carry on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replays_in_opposite_orders_inside_transactions_neither_wait_nor_deadlock() {
+    let Some(store) = store().await else { return };
+    let a = done_key(&store, "mysql-replay-a", b"a").await;
+    let b = done_key(&store, "mysql-replay-b", b"b").await;
+    let mut tx1 = store.pool().begin().await.unwrap();
+    let mut tx2 = store.pool().begin().await.unwrap();
+    for (tx, key) in [(&mut tx1, &a), (&mut tx2, &b)] {
+        let claim = tx
+            .tx_connection()
+            .claim(request(key, Token::random()))
+            .await
+            .unwrap();
+        assert!(matches!(claim, Claim::Done(_)), "{claim:?}");
+    }
+    let one = tokio::spawn(async move {
+        let claim = tx1
+            .tx_connection()
+            .claim(request(&b, Token::random()))
+            .await;
+        (claim, tx1)
+    });
+    let two = tokio::spawn(async move {
+        let claim = tx2
+            .tx_connection()
+            .claim(request(&a, Token::random()))
+            .await;
+        (claim, tx2)
+    });
+    let (one, two) = soon("a replay", async {
+        (one.await.unwrap(), two.await.unwrap())
+    })
+    .await;
+    for ((claim, mut tx), payload) in [(one, b"b"), (two, b"a")] {
+        match claim {
+            Ok(Claim::Done(stored)) => assert_eq!(stored.payload, payload),
+            other => panic!("expected a replay, got {other:?}"),
+        }
+        let one: i64 = sqlx::query_scalar("SELECT 1")
+            .fetch_one(&mut *tx)
+            .await
+            .expect("the transaction is still usable");
+        assert_eq!(one, 1);
+        tx.commit().await.unwrap();
+    }
+}
+
+/// A duplicate told Busy inside an open transaction leaves the row unlocked:
+/// the owner renews and completes at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_busy_duplicate_in_an_open_transaction_does_not_block_the_owner() {
+    let Some(store) = store().await else { return };
+    let (key, owner) = (fresh_key("mysql-busy-dup"), Token::random());
+    assert!(matches!(
+        store.claim(request(&key, owner)).await.unwrap(),
+        Claim::Acquired { .. }
+    ));
+    let mut dup = store.pool().begin().await.unwrap();
+    let claim = dup
+        .tx_connection()
+        .claim(request(&key, Token::random()))
+        .await
+        .unwrap();
+    assert!(matches!(claim, Claim::Busy { .. }), "{claim:?}");
+
+    assert!(
+        soon(
+            "the owner's renewal",
+            store.renew(&key, owner, Duration::from_secs(30))
+        )
+        .await
+        .unwrap()
+    );
+    assert!(
+        soon(
+            "the owner's completion",
+            store.complete(&key, owner, success(b"owner"))
+        )
+        .await
+        .unwrap()
+    );
+    dup.commit().await.unwrap();
+}
+
+/// A replay inside an open transaction holds no lock on the row: another
+/// transaction locks it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replay_inside_a_transaction_takes_no_row_lock() {
+    let Some(store) = store().await else { return };
+    let key = done_key(&store, "mysql-replay-lock", b"r").await;
+    let mut replaying = store.pool().begin().await.unwrap();
+    let replay = replaying
+        .tx_connection()
+        .claim(request(&key, Token::random()))
+        .await
+        .unwrap();
+    assert!(matches!(replay, Claim::Done(_)), "{replay:?}");
+
+    let mut other = store.pool().begin().await.unwrap();
+    let locked = sqlx::query("SELECT 1 FROM idem_records WHERE `key` = ? FOR UPDATE NOWAIT")
+        .bind(&key.as_bytes()[..])
+        .execute(&mut *other)
+        .await;
+    assert!(locked.is_ok(), "the replay left the row locked: {locked:?}");
+    other.rollback().await.unwrap();
+    replaying.commit().await.unwrap();
+}
+
+/// A database of one's own, for tests that count or delete table-wide.
+struct Database {
+    name: String,
+    admin: MySqlStore,
+    store: MySqlStore,
+}
+
+impl Database {
+    async fn create(tag: &str) -> Option<Database> {
+        let admin = store().await?;
+        let name = format!(
+            "idem_{tag}_{:016x}",
+            u64::from_le_bytes(Token::random().0[..8].try_into().unwrap())
+        );
+        sqlx::raw_sql(&format!("CREATE DATABASE `{name}`"))
+            .execute(admin.pool())
+            .await
+            .expect("the test user may create a scratch database");
+        let options = MySqlConnectOptions::from_str(&services::mysql_url())
+            .unwrap()
+            .database(&name);
+        let store = MySqlStore::builder()
+            .connect_with(options)
+            .await
+            .expect("open the scratch database");
+        Some(Database { name, admin, store })
+    }
+
+    async fn count(&self) -> i64 {
+        sqlx::query_scalar(&format!(
+            "SELECT COUNT(*) FROM `{}`.idem_records",
+            self.name
+        ))
+        .fetch_one(self.admin.pool())
+        .await
+        .unwrap()
+    }
+
+    async fn drop(self) {
+        self.store.pool().close().await;
+        sqlx::raw_sql(&format!("DROP DATABASE `{}`", self.name))
+            .execute(self.admin.pool())
+            .await
+            .unwrap();
+    }
+}
+
+/// Purging takes bounded batches of dead records (released ones included), in
+/// index order, and waits on nothing: not on a live row an open transaction
+/// holds, not on a dead one another transaction has locked (it is skipped and
+/// goes in a later batch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn purging_is_bounded_skips_locked_rows_and_waits_for_no_claim() {
+    let Some(db) = Database::create("purge").await else {
+        return;
+    };
+    let store = &db.store;
+    for _ in 0..6 {
+        let (key, token) = (fresh_key("dead"), Token::random());
+        store.claim(request(&key, token)).await.unwrap();
+        let short = Completion {
+            ttl: Duration::from_millis(1),
+            ..success(b"d")
+        };
+        assert!(store.complete(&key, token, short).await.unwrap());
+    }
+    let (released, token) = (fresh_key("released"), Token::random());
+    store.claim(request(&released, token)).await.unwrap();
+    assert!(store.release(&released, token).await.unwrap());
+    let live = done_key(store, "live", b"l").await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    // An open transaction claims a new key (its row stays locked), and another
+    // holds one dead row.
+    let mut claiming = store.pool().begin().await.unwrap();
+    let claim = claiming
+        .tx_connection()
+        .claim(request(&fresh_key("claiming"), Token::random()))
+        .await
+        .unwrap();
+    assert!(matches!(claim, Claim::Acquired { .. }), "{claim:?}");
+    let mut holder = store.pool().begin().await.unwrap();
+    let held: Vec<u8> = sqlx::query_scalar(
+        "SELECT `key` FROM idem_records WHERE state = 2 ORDER BY expires_at LIMIT 1 FOR UPDATE",
+    )
+    .fetch_one(&mut *holder)
+    .await
+    .unwrap();
+
+    let mut batches = Vec::new();
+    loop {
+        let n = soon("purging", store.purge_expired(3)).await.unwrap();
+        batches.push(n);
+        if n < 3 {
+            break;
+        }
+    }
+    // 6 dead + 1 released, less the held one, 3 at a time.
+    assert_eq!(batches, vec![3, 3, 0]);
+    holder.commit().await.unwrap();
+    assert_eq!(soon("purging", store.purge_expired(3)).await.unwrap(), 1);
+    let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_records WHERE `key` = ?")
+        .bind(&held)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "the held row went last");
+    claiming.rollback().await.unwrap();
+    assert_eq!(db.count().await, 1, "only the live record is left");
+    assert!(store.inspect(&live).await.unwrap().is_some());
+    db.drop().await;
+}
+
+/// The one place a duplicate inside a transaction can still be a deadlock
+/// victim, as `TxConnection for MySqlConnection` documents: two duplicates
+/// wait on a first transaction's claim of a new key, and it rolls back. Their
+/// inserts then meet on the key's gap. Exactly one claims; the other is told
+/// Busy or gets a 1213 that `is_retryable` recognises, never anything else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_duplicates_waiting_on_a_rolled_back_claim_one_wins_the_other_is_busy_or_retryable() {
+    let Some(store) = store().await else { return };
+    let key = fresh_key("mysql-two-waiting");
+    let mut first = store.pool().begin().await.unwrap();
+    let claim = first
+        .tx_connection()
+        .claim(request(&key, Token::random()))
+        .await
+        .unwrap();
+    assert!(matches!(claim, Claim::Acquired { .. }), "{claim:?}");
+    let duplicate = || {
+        let pool = store.pool().clone();
+        tokio::spawn(async move {
+            let mut tx = pool.begin().await.unwrap();
+            let claim = tx
+                .tx_connection()
+                .claim(request(&key, Token::random()))
+                .await;
+            let _ = tx.commit().await;
+            claim
+        })
+    };
+    let (one, two) = (duplicate(), duplicate());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.rollback().await.unwrap();
+    let results = soon("the duplicates", async {
+        [one.await.unwrap(), two.await.unwrap()]
+    })
+    .await;
+    let won = results
+        .iter()
+        .filter(|r| matches!(r, Ok(Claim::Acquired { .. })))
+        .count();
+    assert_eq!(won, 1, "{results:?}");
+    for r in &results {
+        match r {
+            Ok(Claim::Acquired { .. } | Claim::Busy { .. }) => {}
+            Err(e) if MySqlStore::is_retryable(e) && e.to_string().contains("1213") => {}
+            other => panic!("{other:?}"),
+        }
+    }
+}

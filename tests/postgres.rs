@@ -791,3 +791,140 @@ fn opening_and_migrating_can_be_spawned(url: String, options: PgConnectOptions, 
     };
     send(store);
 }
+
+// ---------------------------------------------------------------------------
+// Leases that waited on a lock
+// ---------------------------------------------------------------------------
+
+/// A store with one connection, and that connection's backend pid: whatever
+/// the store runs, `waits_on_a_lock(pid)` can watch.
+async fn store_with_one_connection() -> Option<(PgStore, i32)> {
+    let store = store().await?;
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(store.pool().connect_options().as_ref().clone())
+        .await
+        .unwrap();
+    let one = PgStore::builder().pool(pool).await.unwrap();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(one.pool())
+        .await
+        .unwrap();
+    Some((one, pid))
+}
+
+async fn wait_on_a_lock(store: &PgStore, pid: i32) {
+    until("the call to wait on a row lock", || async {
+        let waiting: Option<String> =
+            sqlx::query_scalar("SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1")
+                .bind(pid)
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
+        waiting.as_deref() == Some("Lock")
+    })
+    .await;
+}
+
+/// Transaction A claims the key and keeps its row locked for two of B's
+/// leases; store caller B waits on it, and wins when A rolls back. B's lease
+/// starts then, not when its statement began: a third caller is busy, not a
+/// takeover. `existing`: the row was there before A (A's claim, and then B's,
+/// update it); otherwise A inserted it and B's insert waited.
+async fn a_claim_that_waited_on_a_lock_starts_its_lease_when_it_wins(existing: bool) {
+    let Some(store) = store().await else { return };
+    let Some((waiter, pid)) = store_with_one_connection().await else {
+        return;
+    };
+    let lease = Duration::from_secs(1);
+    let key = fresh_key("waited-lease");
+    if existing {
+        let token = Token::random();
+        store.claim(request(&key, token, lease)).await.unwrap();
+        assert!(store.release(&key, token).await.unwrap());
+    }
+    let mut a = store.pool().begin().await.unwrap();
+    let claim = a
+        .tx_connection()
+        .claim(request(&key, Token::random(), lease))
+        .await
+        .unwrap();
+    assert!(matches!(claim, Claim::Acquired { .. }), "{claim:?}");
+
+    let b = tokio::spawn(async move { waiter.claim(request(&key, Token::random(), lease)).await });
+    wait_on_a_lock(&store, pid).await;
+    // Long enough that a lease counted from B's statement start has run out.
+    tokio::time::sleep(lease * 2).await;
+    assert!(!b.is_finished(), "B did not wait for A");
+    a.rollback().await.unwrap();
+    let won = b.await.unwrap().unwrap();
+    assert!(
+        matches!(
+            won,
+            Claim::Acquired {
+                takeover: false,
+                ..
+            }
+        ),
+        "{won:?}"
+    );
+
+    let third = store
+        .claim(request(&key, Token::random(), lease))
+        .await
+        .unwrap();
+    assert!(
+        matches!(third, Claim::Busy { .. }),
+        "B's fresh lease was taken over at once: {third:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_waited_on_an_uncommitted_insert_starts_its_lease_when_it_wins() {
+    a_claim_that_waited_on_a_lock_starts_its_lease_when_it_wins(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_waited_on_a_locked_row_starts_its_lease_when_it_wins() {
+    // Released, then re-claimed by A, so the release must not be purged.
+    let _table = idem_tests::conformance::share_table("waited-lease").await;
+    a_claim_that_waited_on_a_lock_starts_its_lease_when_it_wins(true).await;
+}
+
+/// The owner's renewal waits on a row lock another transaction holds; the
+/// renewed lease counts from when it got the row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_that_waited_on_a_lock_counts_from_when_it_got_the_row() {
+    let Some(store) = store().await else { return };
+    let Some((owner, pid)) = store_with_one_connection().await else {
+        return;
+    };
+    let lease = Duration::from_secs(1);
+    let (key, token) = (fresh_key("waited-renewal"), Token::random());
+    assert!(matches!(
+        owner.claim(request(&key, token, lease)).await.unwrap(),
+        Claim::Acquired { .. }
+    ));
+    let mut holder = store.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM idem_records WHERE key = $1 FOR UPDATE")
+        .bind(&key.as_bytes()[..])
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let renewal = tokio::spawn(async move { owner.renew(&key, token, lease).await });
+    wait_on_a_lock(&store, pid).await;
+    tokio::time::sleep(lease * 2).await;
+    holder.commit().await.unwrap();
+    assert!(
+        renewal.await.unwrap().unwrap(),
+        "the owner's renewal failed"
+    );
+    let newcomer = store
+        .claim(request(&key, Token::random(), lease))
+        .await
+        .unwrap();
+    assert!(
+        matches!(newcomer, Claim::Busy { .. }),
+        "the renewed lease was already spent: {newcomer:?}"
+    );
+}

@@ -156,6 +156,77 @@ async fn sqlite_concurrent_duplicate_waits_for_the_writer_and_replays() {
     let _ = std::fs::remove_file(&path);
 }
 
+/// SQLite has one writer: a store caller's claim waits for a transaction
+/// holding the write lock (up to the busy timeout) with its clock read before.
+/// Once it wins, its lease counts from then: a third caller is busy, not a
+/// takeover of a lease that began while the claim was still waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_claim_that_waited_for_the_write_lock_starts_its_lease_when_it_wins() {
+    use idem_runtime::store::tx::{AsTxConnection, TxConnection};
+    use idem_runtime::{Claim, ClaimRequest, Token};
+
+    let path = std::env::temp_dir().join(format!(
+        "idem-tx-waited-{}-{:x}.db",
+        std::process::id(),
+        u64::from_le_bytes(Token::random().0[..8].try_into().unwrap())
+    ));
+    let store = SqliteStore::open(&path).await.unwrap();
+    let lease = Duration::from_secs(1);
+    let key = key("waited-lease");
+    let request = |token| ClaimRequest {
+        key: &key,
+        token,
+        fingerprint: None,
+        lease,
+        ttl: Duration::from_secs(3600),
+    };
+
+    let mut a = store.pool().begin().await.unwrap();
+    let claim = a
+        .tx_connection()
+        .claim(request(Token::random()))
+        .await
+        .unwrap();
+    assert!(matches!(claim, Claim::Acquired { .. }), "{claim:?}");
+    let b = tokio::spawn({
+        let (store, key) = (store.clone(), key);
+        async move {
+            store
+                .claim(ClaimRequest {
+                    key: &key,
+                    token: Token::random(),
+                    fingerprint: None,
+                    lease,
+                    ttl: Duration::from_secs(3600),
+                })
+                .await
+        }
+    });
+    // Longer than B's lease, shorter than the 5 s busy timeout.
+    tokio::time::sleep(lease * 2).await;
+    assert!(!b.is_finished(), "B did not wait for the write lock");
+    a.rollback().await.unwrap();
+    let won = b.await.unwrap().unwrap();
+    assert!(
+        matches!(
+            won,
+            Claim::Acquired {
+                takeover: false,
+                ..
+            }
+        ),
+        "{won:?}"
+    );
+
+    let third = store.claim(request(Token::random())).await.unwrap();
+    assert!(
+        matches!(third, Claim::Busy { .. }),
+        "B's fresh lease was taken over at once: {third:?}"
+    );
+    store.pool().close().await;
+    let _ = std::fs::remove_file(&path);
+}
+
 static STEP_RUNS: AtomicUsize = AtomicUsize::new(0);
 
 #[idem_runtime::step("reserve")]

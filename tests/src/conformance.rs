@@ -348,6 +348,48 @@ pub async fn renewal_extends_the_lease(s: Subject) {
     );
 }
 
+/// A body that runs longer than its ttl and keeps heartbeating is never taken
+/// over: renewing keeps the record alive (its expiry at least as far as the
+/// lease), so a newcomer stays busy and the record stays visible.
+pub async fn renew_keeps_a_live_claim_past_its_ttl(s: Subject) {
+    let key = fresh_key("renew-past-ttl");
+    let token = Token::random();
+    // The shortest ttl the protocol allows: no shorter than the lease.
+    let request = ClaimRequest {
+        ttl: s.lease(),
+        ..s.request(&key, token, None)
+    };
+    let claim = s.store.claim(request).await.expect("claim");
+    assert!(matches!(claim, Claim::Acquired { .. }), "{claim:?}");
+    // Heartbeat every unit (a third of the lease) for three ttls.
+    for beat in 1..=9 {
+        s.advance(1).await;
+        assert!(
+            s.store.renew(&key, token, s.lease()).await.unwrap(),
+            "renewal {beat} ({beat} units after the claim, ttl 3 units) was refused"
+        );
+    }
+    let newcomer = claim_as_newcomer(&s, &key).await;
+    assert!(
+        matches!(newcomer, Claim::Busy { .. }),
+        "a live, renewed claim was taken past its ttl: {newcomer:?}"
+    );
+    let info = s.store.inspect(&key).await.unwrap();
+    assert_eq!(
+        info.map(|i| i.state),
+        Some(RecordState::Processing),
+        "the renewed record is not live"
+    );
+    // It is still the owner's: it completes, and that result replays.
+    assert!(
+        s.store
+            .complete(&key, token, success(b"long", s.ttl()))
+            .await
+            .unwrap()
+    );
+    assert_eq!(replayed(&s, &key).await.payload, b"long");
+}
+
 /// A completed or released record cannot be completed, released or renewed
 /// again by its old owner.
 pub async fn finished_records_have_no_owner(s: Subject) {
@@ -609,6 +651,7 @@ macro_rules! conformance_suite {
                 release_frees_the_key,
                 expired_lease_is_taken_over_and_fenced,
                 renewal_extends_the_lease,
+                renew_keeps_a_live_claim_past_its_ttl,
                 finished_records_have_no_owner,
                 done_record_expires_after_ttl,
                 evict_removes_a_record,

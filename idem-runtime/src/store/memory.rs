@@ -227,10 +227,11 @@ impl Store for MemoryStore {
         let mut shard = self.shard(key);
         match shard.get_mut(key) {
             Some(rec) if owned_by(rec, token) && rec.expires_at > now => {
-                rec.state = State::Processing {
-                    token,
-                    lease_until: now.saturating_add(duration_millis(lease)),
-                };
+                let lease_until = now.saturating_add(duration_millis(lease));
+                rec.state = State::Processing { token, lease_until };
+                // A body may run past its ttl: while it heartbeats, its record
+                // must not expire under it, or a newcomer would take it over.
+                rec.expires_at = rec.expires_at.max(lease_until);
                 Ok(true)
             }
             _ => Ok(false),

@@ -15,8 +15,15 @@ use crate::store::StoreRef;
 /// Each round purges batch after batch until one comes back short (the
 /// backlog is gone), then sleeps. A failed purge is logged with `tracing` and
 /// retried the next round; the task never ends on its own. Abort the returned
-/// handle to stop it. The first round runs at once. Several replicas may each
-/// run one: the SQL stores skip rows another sweeper is deleting.
+/// handle to stop it. The first round runs at once.
+///
+/// The SQL stores find dead records through their `expires_at` index (a
+/// release expires its record at once), so a batch never scans the table.
+/// Several replicas may each run a sweeper: PostgreSQL and MySQL/MariaDB lock
+/// each batch with SKIP LOCKED, so sweepers split the dead rows between them
+/// and pass by any row a claim or another transaction holds, never waiting on
+/// it. SQLite has one writer at a time: sweepers and claims take turns, one
+/// bounded batch each.
 ///
 /// Must be called inside a Tokio runtime. A zero `batch` is treated as 1 and a
 /// zero `every` as 1 ms.

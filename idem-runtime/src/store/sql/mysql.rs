@@ -1,9 +1,10 @@
 //! The MySQL / MariaDB store: records in an InnoDB table through sqlx, on the
 //! server's clock.
 //!
-//! The claim is one `INSERT … ON DUPLICATE KEY UPDATE` whose assignments decide,
-//! on the old row, whether the caller may take it; a locking read then tells the
-//! caller what it got. There is no `INSERT IGNORE` (it turns truncation and NULL
+//! A plain read answers a replay or a Busy claim without locking anything; only
+//! a record that may be taken goes on to one `INSERT … ON DUPLICATE KEY UPDATE`
+//! whose assignments decide, on the old row, whether the caller may take it,
+//! and a locking read then tells the caller what it got. There is no `INSERT IGNORE` (it turns truncation and NULL
 //! errors into warnings) and no caught duplicate-key error anywhere.
 //!
 //! The same statements run on a pooled connection ([`MySqlStore`]) or on the
@@ -66,6 +67,29 @@ macro_rules! now_ms {
     };
 }
 
+/// How long the statement has been running, in milliseconds, read where it is
+/// evaluated: after any row lock the statement waited for. `SYSDATE` is the
+/// only clock that moves within a statement, and it is local time; its
+/// distance from `NOW` (the statement's start, also local) is the same in
+/// every zone. Never negative: a DST change in the middle of a lock wait could
+/// otherwise make it so. (`SYSDATE` makes a statement unsafe for
+/// statement-based replication; ROW and MIXED binlogs, the defaults, log the
+/// values.)
+macro_rules! waited_ms {
+    () => {
+        "(GREATEST(0, TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6))) DIV 1000)"
+    };
+}
+
+/// The server's clock in milliseconds since the epoch when evaluated, not
+/// when the statement began: a lease must start when its statement got the row
+/// lock, not seconds earlier when it began to wait for it.
+macro_rules! clock_ms {
+    () => {
+        concat!("(", now_ms!(), " + ", waited_ms!(), ")")
+    };
+}
+
 /// On the old row: the caller may take it (expired, released, PROCESSING past
 /// its lease, or PROCESSING under the caller's own token: a retried claim).
 macro_rules! claimable {
@@ -108,6 +132,14 @@ macro_rules! won {
 //    state is now 1) and still fails for everyone else (their state is as it
 //    was).
 //
+// The `claimable!` tests use the statement's start time: a lease that ran out
+// while this statement waited on the row's lock looks live, and the claim
+// reports Busy or tries again, never a takeover too early. The lease and
+// expiry a winner writes count from when it got the row (`waited_ms!`), not
+// from when it began to wait. An INSERT that waited on another transaction's
+// uncommitted insert of the key (rolled back since) has no such hook: its
+// VALUES were computed before the wait, and `claim_on` restarts that lease.
+//
 // The winner is then told apart by the locking read: PROCESSING under our
 // token.
 const CLAIM: &str = concat!(
@@ -132,7 +164,9 @@ ON DUPLICATE KEY UPDATE
     ", VALUES(token), token),
     lease_until = IF(",
     won!(),
-    ", VALUES(lease_until), lease_until),
+    ", VALUES(lease_until) + ",
+    waited_ms!(),
+    ", lease_until),
     fingerprint = IF(",
     won!(),
     ", VALUES(fingerprint), fingerprint),
@@ -147,7 +181,9 @@ ON DUPLICATE KEY UPDATE
     ", 1, state),
     expires_at  = IF(",
     won!(),
-    ", VALUES(expires_at), expires_at)"
+    ", VALUES(expires_at) + ",
+    waited_ms!(),
+    ", expires_at)"
 );
 
 macro_rules! select_record {
@@ -155,14 +191,16 @@ macro_rules! select_record {
         concat!(
             "SELECT state, token, fence, taken_over, lease_until, expires_at, fingerprint,
                     outcome, result, ",
-            now_ms!(),
+            clock_ms!(),
             " AS now
              FROM idem_records WHERE `key` = ?"
         )
     };
 }
 
-/// For operators: a plain consistent read.
+/// A plain consistent read: it takes no lock and waits for none. Inside a
+/// caller's REPEATABLE READ transaction it may show an older version of the
+/// row (the transaction's snapshot); see `claim_on` for why that is safe.
 const READ: &str = select_record!();
 
 /// After the claim's upsert: a locking read returns the latest committed row,
@@ -174,30 +212,53 @@ const READ_LOCKED: &str = concat!(select_record!(), " LOCK IN SHARE MODE");
 
 const COMPLETE: &str = concat!(
     "UPDATE idem_records SET state = 2, outcome = ?, result = ?, expires_at = ",
-    now_ms!(),
+    clock_ms!(),
     " + ?
      WHERE `key` = ? AND state = 1 AND token = ?"
 );
 
-const RELEASE: &str =
-    "UPDATE idem_records SET state = 0 WHERE `key` = ? AND state = 1 AND token = ?";
+// A released record also expires at once, so purging finds it through the
+// `expires_at` index like any other dead record; the row (and its fence) stays
+// until then, and a claim takes it either way.
+const RELEASE: &str = concat!(
+    "UPDATE idem_records SET state = 0, expires_at = LEAST(expires_at, ",
+    clock_ms!(),
+    ") WHERE `key` = ? AND state = 1 AND token = ?"
+);
 
+// The lease counts from when the row was locked (the UPDATE computes its SET
+// list after that). Expiry is kept at least as far as the lease: a body may run
+// past its ttl, and while it heartbeats its record must not expire under it.
+// The lease is bound twice rather than read back from `lease_until`, so the
+// statement does not depend on the order MariaDB's SIMULTANEOUS_ASSIGNMENT
+// mode would change; the second clock reading is never the earlier one.
 const RENEW: &str = concat!(
     "UPDATE idem_records SET lease_until = ",
-    now_ms!(),
-    " + ?
+    clock_ms!(),
+    " + ?, expires_at = GREATEST(expires_at, ",
+    clock_ms!(),
+    " + ?)
      WHERE `key` = ? AND state = 1 AND token = ? AND expires_at > ",
-    now_ms!()
+    clock_ms!()
 );
 
 const EVICT: &str = "DELETE FROM idem_records WHERE `key` = ?";
 
-// Bounded batches: a sweeper never holds locks on a whole table's worth of rows.
-const PURGE: &str = concat!(
-    "DELETE FROM idem_records WHERE expires_at <= ",
+// Dead records are exactly those with `expires_at` in the past (released ones
+// included, see RELEASE), so the batch is a range of the `expires_at` index,
+// read in its order and never the whole table. SKIP LOCKED: a row another
+// transaction holds (a claim re-taking it, another replica's sweeper) is left
+// to it instead of waited on. MySQL accepts neither a LIMIT in an `IN`
+// subquery nor SKIP LOCKED on a DELETE, so the batch is locked here and
+// deleted by key (PURGE_DELETE) in the same READ COMMITTED transaction, which
+// takes no gap locks. Needs MySQL 8.0.1 or MariaDB 10.6 (SKIP LOCKED).
+const PURGE_SELECT: &str = concat!(
+    "SELECT `key` FROM idem_records WHERE expires_at <= ",
     now_ms!(),
-    " OR state = 0 LIMIT ?"
+    " ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED"
 );
+
+const PURGE_DELETE: &str = "DELETE FROM idem_records WHERE `key` IN ";
 
 /// Records in MySQL or MariaDB (InnoDB): durable, shared by every process that
 /// uses the database, on the server's clock.
@@ -205,7 +266,9 @@ const PURGE: &str = concat!(
 /// Opening applies the embedded migrations (recorded in
 /// `idem_schema_migrations`, under a `GET_LOCK` so concurrent processes migrate
 /// safely). A statement that loses a deadlock or a lock wait is retried a few
-/// times with a short random backoff. To claim inside your own transaction, see
+/// times with a short random backoff (a purge is not: it skips locked rows,
+/// and the sweeper runs it again next round). Purging needs SKIP LOCKED:
+/// MySQL 8.0.1 or MariaDB 10.6 and later. To claim inside your own transaction, see
 /// the [`TxConnection`] implementation for [`MySqlConnection`].
 ///
 /// ```no_run
@@ -679,10 +742,55 @@ async fn read_on(
         .transpose()
 }
 
+/// What a record tells a claimant without being taken: a replay, or Busy.
+fn held(row: Record, token: Token) -> Result<Option<Claim>, sqlx::Error> {
+    if !row.live() {
+        return Ok(None);
+    }
+    match row.state {
+        DONE => row
+            .stored()
+            .map(|stored| Some(Claim::Done(stored)))
+            .ok_or_else(|| corrupt("a DONE record without an outcome")),
+        PROCESSING if row.lease_until > row.now && row.token != token.0 => Ok(Some(Claim::Busy {
+            lease_remaining: remaining(row.lease_until, row.now),
+            fingerprint: row.fingerprint,
+        })),
+        _ => Ok(None),
+    }
+}
+
+/// Whether a lease written at its statement's start lost more than a tenth of
+/// itself before `now`: the claim waited on a lock, and its lease must start
+/// again. A smaller loss is the round trip and the statement's own run time.
+fn began_long_ago(lease_until: i64, lease: Duration, now: i64) -> bool {
+    let started = lease_until.saturating_sub(millis(lease));
+    now.saturating_sub(started).saturating_mul(10) > millis(lease)
+}
+
 async fn claim_on(conn: &mut MySqlConnection, req: ClaimRequest<'_>) -> Result<Claim, sqlx::Error> {
-    // The upsert and the read are two statements. A row that was evicted,
-    // released or whose lease ran out in between is simply claimed next round.
+    // The upsert, even one that changes nothing, locks the row until the
+    // transaction ends: inside a caller's transaction, every replay of a hot
+    // key would queue behind the others, two transactions replaying two keys
+    // in opposite orders would deadlock, and a duplicate told Busy would block
+    // the owner's renewals and completion. So a plain read comes first, and a
+    // record that may not be taken (DONE, or another owner's live lease) is
+    // answered from it without a lock. In a REPEATABLE READ transaction that
+    // read is the transaction's snapshot and may be old: an old DONE is still
+    // the key's result (a DONE record only ever expires), and an old Busy is an
+    // answer the owner could have given a moment earlier. Anything else
+    // (absent, expired, released, a lease run out) goes on to the upsert, which
+    // sees the latest committed row.
+    //
+    // The upsert and the reads are separate statements. A row that was
+    // evicted, released or whose lease ran out in between is simply claimed
+    // next round.
     for _ in 0..CLAIM_ROUNDS {
+        if let Some(row) = read_on(conn, READ, req.key).await?
+            && let Some(answer) = held(row, req.token)?
+        {
+            return Ok(answer);
+        }
         sqlx::query(CLAIM)
             .bind(&req.key.as_bytes()[..])
             .bind(&req.token.0[..])
@@ -695,28 +803,21 @@ async fn claim_on(conn: &mut MySqlConnection, req: ClaimRequest<'_>) -> Result<C
             continue;
         };
         if row.state == PROCESSING && row.token == req.token.0 {
+            // On the pool the row is already committed, so another caller may
+            // take a lease that began too long ago before it is renewed: then
+            // the renewal finds it gone and the next round says who holds it.
+            if began_long_ago(row.lease_until, req.lease, row.now)
+                && !renew_on(conn, req.key, req.token, req.lease).await?
+            {
+                continue;
+            }
             return Ok(Claim::Acquired {
                 fence: fence(row.fence),
                 takeover: row.taken_over,
             });
         }
-        if !row.live() {
-            continue;
-        }
-        match row.state {
-            DONE => {
-                return row
-                    .stored()
-                    .map(Claim::Done)
-                    .ok_or_else(|| corrupt("a DONE record without an outcome"));
-            }
-            PROCESSING if row.lease_until > row.now => {
-                return Ok(Claim::Busy {
-                    lease_remaining: remaining(row.lease_until, row.now),
-                    fingerprint: row.fingerprint,
-                });
-            }
-            _ => continue,
+        if let Some(answer) = held(row, req.token)? {
+            return Ok(answer);
         }
     }
     Err(sqlx::Error::Protocol(format!(
@@ -739,6 +840,47 @@ async fn complete_on(
         .execute(&mut *conn)
         .await?;
     Ok(done.rows_affected() == 1)
+}
+
+async fn renew_on(
+    conn: &mut MySqlConnection,
+    key: &Key,
+    token: Token,
+    lease: Duration,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(RENEW)
+        .bind(millis(lease))
+        .bind(millis(lease))
+        .bind(&key.as_bytes()[..])
+        .bind(&token.0[..])
+        .execute(&mut *conn)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// One purge batch, in its own READ COMMITTED transaction (see PURGE_SELECT).
+async fn purge_on(conn: &mut MySqlConnection, limit: i64) -> Result<u64, sqlx::Error> {
+    // Applies to the next transaction only: the connection keeps its level.
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        .execute(&mut *conn)
+        .await?;
+    let mut tx = conn.begin().await?;
+    let keys: Vec<Vec<u8>> = sqlx::query_scalar(PURGE_SELECT)
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await?;
+    if keys.is_empty() {
+        tx.commit().await?;
+        return Ok(0);
+    }
+    let sql = format!("{PURGE_DELETE}({})", vec!["?"; keys.len()].join(", "));
+    let mut delete = sqlx::query(&sql);
+    for key in &keys {
+        delete = delete.bind(key);
+    }
+    let done = delete.execute(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(done.rows_affected())
 }
 
 async fn release_on(
@@ -795,13 +937,8 @@ impl Store for MySqlStore {
 
     async fn renew(&self, key: &Key, token: Token, lease: Duration) -> Result<bool, StoreError> {
         self.retrying(|| async move {
-            let done = sqlx::query(RENEW)
-                .bind(millis(lease))
-                .bind(&key.as_bytes()[..])
-                .bind(&token.0[..])
-                .execute(&self.pool)
-                .await?;
-            Ok(done.rows_affected() == 1)
+            let mut conn = self.pool.acquire().await?;
+            renew_on(&mut conn, key, token, lease).await
         })
         .await
     }
@@ -840,13 +977,13 @@ impl Store for MySqlStore {
         .await
     }
 
+    /// Not retried: SKIP LOCKED leaves nothing to wait for, and a purge that
+    /// still fails is the sweeper's to run again next round, not something to
+    /// hold a connection for now.
     async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.retrying(|| async move {
-            let done = sqlx::query(PURGE).bind(limit).execute(&self.pool).await?;
-            Ok(done.rows_affected())
-        })
-        .await
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        purge_on(&mut conn, limit).await.map_err(|e| self.err(e))
     }
 }
 
@@ -860,12 +997,21 @@ impl AsStore for MySqlStore {
 /// (`#[idempotent(tx = tx)]`): the record commits or rolls back with the
 /// business writes, on the `idem_records` table [`MySqlStore`] migrates.
 ///
-/// The upsert takes the record's row lock (InnoDB locks the duplicate key), so
-/// a concurrent duplicate blocks until this transaction ends, then replays what
-/// it committed or claims the key if it rolled back. Nothing is retried here:
-/// a deadlock has already rolled the caller's transaction back, so the error
-/// goes to the caller, and [`MySqlStore::is_retryable`] says whether to run the
-/// transaction again.
+/// A replay (a DONE record) and a Busy answer (another owner's live lease) come
+/// from a plain read and take no lock, so they never queue behind, block, or
+/// deadlock with other transactions. A claim that takes the record upserts
+/// it, and holds its row lock until this transaction ends: a concurrent
+/// duplicate waits on it, then replays what this transaction committed or
+/// claims the key if it rolled back.
+///
+/// Nothing is retried here: a deadlock has already rolled the caller's
+/// transaction back, so the error goes to the caller, and
+/// [`MySqlStore::is_retryable`] says whether to run the transaction again.
+/// InnoDB can still deadlock where two transactions each take a row (claims of
+/// two new keys in opposite orders), and where two or more duplicates wait on
+/// one transaction's claim of a key that did not exist before and that
+/// transaction rolls back: their inserts then meet on the key's gap, and
+/// InnoDB rolls one of them back with 1213.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -967,6 +1113,78 @@ mod tests {
         assert_eq!(location(&o), "db.internal:3307/orders");
         let o = MySqlConnectOptions::new().host("::1").database("d");
         assert_eq!(location(&o), "[::1]:3306/d");
+    }
+
+    /// The purge reads a range of the `expires_at` index, not the table, on a
+    /// table where nearly every row is live. Needs the test server
+    /// (`IDEM_MYSQL_URL`); says so and passes without it, unless
+    /// `IDEM_REQUIRE_SERVICES=1`.
+    #[tokio::test]
+    async fn purge_walks_the_expires_at_index() {
+        use sqlx::Executor as _;
+
+        let url = std::env::var("IDEM_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+        let admin = match MySqlPool::connect(&url).await {
+            Ok(pool) => pool,
+            Err(e) if std::env::var("IDEM_REQUIRE_SERVICES").is_ok_and(|v| v == "1") => {
+                panic!("MariaDB is unreachable: {e}")
+            }
+            Err(e) => return eprintln!("SKIPPED: MariaDB is unreachable: {e}"),
+        };
+        let db = format!("idem_plan_{:016x}", rand::random::<u64>());
+        admin
+            .execute(format!("CREATE DATABASE `{db}`").as_str())
+            .await
+            .unwrap();
+        let options = MySqlConnectOptions::from_str(&url).unwrap().database(&db);
+        let store = MySqlStore::builder().connect_with(options).await.unwrap();
+        store
+            .pool()
+            .execute(
+                "INSERT INTO idem_records (`key`, state, token, fence, lease_until, expires_at)
+                 WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 500)
+                 SELECT UNHEX(SHA2(i, 256)), 2, UNHEX(MD5(i)), 1, 0,
+                        IF(i <= 5, 0, 9000000000000 + i)
+                 FROM n",
+            )
+            .await
+            .unwrap();
+        store
+            .pool()
+            .execute("ANALYZE TABLE idem_records")
+            .await
+            .unwrap();
+        let plan = sqlx::query(&format!("EXPLAIN {PURGE_SELECT}"))
+            .bind(100_i64)
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+        let steps: Vec<(String, Option<String>)> = plan
+            .iter()
+            .map(|row| {
+                let text = |col: &str| {
+                    row.try_get::<Option<Vec<u8>>, _>(col)
+                        .ok()
+                        .flatten()
+                        .map(|b| String::from_utf8_lossy(&b).into_owned())
+                        .or_else(|| row.try_get::<Option<String>, _>(col).ok().flatten())
+                };
+                (text("type").unwrap_or_default(), text("key"))
+            })
+            .collect();
+        store.pool().close().await;
+        admin
+            .execute(format!("DROP DATABASE `{db}`").as_str())
+            .await
+            .unwrap();
+        assert_eq!(
+            steps,
+            vec![(
+                "range".to_owned(),
+                Some("idem_records_expires_at".to_owned())
+            )]
+        );
     }
 
     #[test]

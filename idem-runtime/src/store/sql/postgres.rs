@@ -51,6 +51,16 @@ macro_rules! with_clock {
 // it. Nothing here raises a unique violation, so a duplicate never aborts the
 // caller's transaction.
 //
+// A claim may wait on the row's lock (another transaction claimed or holds it)
+// and win only when that transaction ends, seconds after `clock` was read. Its
+// lease must start when it wins, or it would begin already spent and a third
+// caller could take the key over at once. DO UPDATE locks the row before it
+// evaluates its SET list, so the lease and expiry there read the clock afresh.
+// An INSERT that waited on another transaction's uncommitted insert of the
+// same key (which then rolled back) has no such hook: its values were computed
+// before the wait. RETURNING tells the two apart (`started` against `now`, both
+// after the wait) and `claim_on` restarts a lease that began too early.
+//
 // ON CONFLICT DO UPDATE locks its target row even when the WHERE refuses it,
 // and inside a caller's transaction that lock would last until commit: every
 // replay of a hot key would queue behind the others. So the INSERT is only
@@ -75,15 +85,21 @@ ON CONFLICT (key) DO UPDATE SET
     taken_over  = (r.state = 1 AND r.expires_at > (SELECT now FROM clock)
                    AND r.token <> excluded.token),
     token       = excluded.token,
-    lease_until = excluded.lease_until,
-    expires_at  = excluded.expires_at,
+    lease_until = ",
+    server_now!(),
+    " + $3,
+    expires_at  = ",
+    server_now!(),
+    " + $4,
     fingerprint = excluded.fingerprint,
     outcome     = NULL,
     result      = NULL
 WHERE r.expires_at <= (SELECT now FROM clock)
    OR r.state = 0
    OR (r.state = 1 AND (r.lease_until <= (SELECT now FROM clock) OR r.token = excluded.token))
-RETURNING fence, taken_over"
+RETURNING fence, taken_over, lease_until - $3 AS started, ",
+    server_now!(),
+    " AS now"
 );
 
 const READ: &str = concat!(
@@ -110,11 +126,24 @@ FROM clock
 WHERE key = $1 AND state = 1 AND token = $2"
 );
 
+// The owner's row is locked first (`mine`), and the new lease computed only
+// once the join has that row: a plain UPDATE would compute its SET list before
+// waiting on a lock another transaction holds, and start the lease that long
+// ago. Expiry is kept at least as far as the lease: a body may run past its
+// ttl, and while it heartbeats its record must not expire under it.
 const RENEW: &str = concat!(
-    with_clock!(),
-    "UPDATE idem_records SET lease_until = clock.now + $1
-FROM clock
-WHERE key = $2 AND state = 1 AND token = $3 AND expires_at > clock.now"
+    "WITH mine AS (
+    SELECT key FROM idem_records WHERE key = $2 AND state = 1 AND token = $3 FOR UPDATE)
+UPDATE idem_records AS r SET
+    lease_until = ",
+    server_now!(),
+    " + $1,
+    expires_at  = GREATEST(r.expires_at, ",
+    server_now!(),
+    " + $1)
+FROM mine
+WHERE r.key = mine.key AND r.expires_at > ",
+    server_now!()
 );
 
 const EVICT: &str = "DELETE FROM idem_records WHERE key = $1";
@@ -471,6 +500,16 @@ async fn claim_on(conn: &mut PgConnection, req: ClaimRequest<'_>) -> Result<Clai
         if let Some(row) = won {
             let f: i64 = row.try_get("fence")?;
             let takeover: bool = row.try_get("taken_over")?;
+            let (started, now): (i64, i64) = (row.try_get("started")?, row.try_get("now")?);
+            // Only an INSERT that waited gets here with an old lease (see
+            // CLAIM). On the pool the row is already committed, so another
+            // caller may have taken it over meanwhile: then the renewal finds
+            // it gone and the next round reports whoever holds it.
+            if began_long_ago(started, now, req.lease)
+                && !renew_on(&mut *conn, req.key, req.token, req.lease).await?
+            {
+                continue;
+            }
             return Ok(Claim::Acquired {
                 fence: fence(f),
                 takeover,
@@ -499,6 +538,28 @@ async fn claim_on(conn: &mut PgConnection, req: ClaimRequest<'_>) -> Result<Clai
         }
     }
     Err("the record kept changing under eight claim attempts in a row".into())
+}
+
+/// Whether a lease that started at `started` (server milliseconds) lost more
+/// than a tenth of itself before `now`: the claim waited on a lock, and its
+/// lease must start again. A smaller loss is the statement's own run time.
+fn began_long_ago(started: i64, now: i64, lease: Duration) -> bool {
+    now.saturating_sub(started).saturating_mul(10) > millis(lease)
+}
+
+async fn renew_on(
+    conn: &mut PgConnection,
+    key: &Key,
+    token: Token,
+    lease: Duration,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(RENEW)
+        .bind(millis(lease))
+        .bind(&key.as_bytes()[..])
+        .bind(&token.0[..])
+        .execute(conn)
+        .await?;
+    Ok(done.rows_affected() == 1)
 }
 
 async fn complete_on(
@@ -636,14 +697,10 @@ impl Store for PgStore {
     }
 
     async fn renew(&self, key: &Key, token: Token, lease: Duration) -> Result<bool, StoreError> {
-        let done = sqlx::query(RENEW)
-            .bind(millis(lease))
-            .bind(&key.as_bytes()[..])
-            .bind(&token.0[..])
-            .execute(&self.pool)
+        let mut conn = self.conn().await?;
+        renew_on(&mut conn, key, token, lease)
             .await
-            .map_err(|e| self.err(e))?;
-        Ok(done.rows_affected() == 1)
+            .map_err(|e| self.err(e))
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<RecordInfo>, StoreError> {

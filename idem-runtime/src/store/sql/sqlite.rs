@@ -55,6 +55,28 @@ const READ: &str = "
 SELECT state, fence, lease_until, expires_at, fingerprint, outcome, result
 FROM idem_records WHERE key = ?1";
 
+// Expiry is kept at least as far as the lease: a body may run past its ttl,
+// and while it heartbeats its record must not expire under it.
+const RENEW: &str = "
+UPDATE idem_records SET lease_until = ?1, expires_at = max(expires_at, ?1)
+WHERE key = ?2 AND state = 1 AND token = ?3 AND expires_at > ?4";
+
+// A released record also expires at once, so purging finds it through the
+// `expires_at` index like any other dead record; the row (and its fence) stays
+// until then, and a claim takes it either way.
+const RELEASE: &str = "
+UPDATE idem_records SET state = 0, expires_at = min(expires_at, ?3)
+WHERE key = ?1 AND state = 1 AND token = ?2";
+
+// Dead records are exactly those with `expires_at` in the past (released ones
+// included, see RELEASE): the batch is a range of the `expires_at` index, read
+// in its order, never a scan of the table under the write lock. SQLite has one
+// writer at a time, so there is nothing to skip: sweepers and claims take
+// turns, each for one bounded batch.
+const PURGE: &str = "
+DELETE FROM idem_records WHERE key IN (
+    SELECT key FROM idem_records WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2)";
+
 /// Records in SQLite: durable on one machine, exact across the processes that
 /// share the file. The default embedded store.
 ///
@@ -369,6 +391,18 @@ async fn claim_on(
         if let Some(row) = won {
             let f: i64 = row.try_get("fence")?;
             let taken_over: bool = row.try_get("taken_over")?;
+            // The statement may have waited for the database's write lock (up
+            // to the busy timeout) with `now` read before: the lease must start
+            // when the claim won, or it begins already spent. Inside a caller's
+            // transaction the write lock is still ours, so the renewal cannot
+            // fail; on the pool another writer may have taken the key over in
+            // between, and then the next round says who holds it.
+            let after = clock.now_millis();
+            if began_long_ago(now, after, req.lease)
+                && !renew_on(&mut *conn, clock, req.key, req.token, req.lease).await?
+            {
+                continue;
+            }
             return Ok(Claim::Acquired {
                 fence: fence(f),
                 takeover: taken_over,
@@ -401,6 +435,31 @@ async fn claim_on(
     ))
 }
 
+/// Whether a lease that started at `started` lost more than a tenth of itself
+/// before `now`: the claim waited for the write lock, and its lease must start
+/// again. A smaller loss is the statement's own run time.
+fn began_long_ago(started: i64, now: i64, lease: Duration) -> bool {
+    now.saturating_sub(started).saturating_mul(10) > duration_millis(lease)
+}
+
+async fn renew_on(
+    conn: &mut SqliteConnection,
+    clock: &dyn Clock,
+    key: &Key,
+    token: Token,
+    lease: Duration,
+) -> Result<bool, sqlx::Error> {
+    let now = clock.now_millis();
+    let done = sqlx::query(RENEW)
+        .bind(now.saturating_add(duration_millis(lease)))
+        .bind(&key.as_bytes()[..])
+        .bind(&token.0[..])
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
 async fn complete_on(
     conn: &mut SqliteConnection,
     clock: &dyn Clock,
@@ -427,16 +486,16 @@ async fn complete_on(
 
 async fn release_on(
     conn: &mut SqliteConnection,
+    clock: &dyn Clock,
     key: &Key,
     token: Token,
 ) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query(
-        "UPDATE idem_records SET state = 0 WHERE key = ?1 AND state = 1 AND token = ?2",
-    )
-    .bind(&key.as_bytes()[..])
-    .bind(&token.0[..])
-    .execute(&mut *conn)
-    .await?;
+    let done = sqlx::query(RELEASE)
+        .bind(&key.as_bytes()[..])
+        .bind(&token.0[..])
+        .bind(clock.now_millis())
+        .execute(&mut *conn)
+        .await?;
     Ok(done.rows_affected() == 1)
 }
 
@@ -471,25 +530,16 @@ impl Store for SqliteStore {
 
     async fn release(&self, key: &Key, token: Token) -> Result<bool, StoreError> {
         let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-        release_on(&mut conn, key, token)
+        release_on(&mut conn, &*self.clock, key, token)
             .await
             .map_err(|e| self.err(e))
     }
 
     async fn renew(&self, key: &Key, token: Token, lease: Duration) -> Result<bool, StoreError> {
-        let now = self.now();
-        let done = sqlx::query(
-            "UPDATE idem_records SET lease_until = ?1
-             WHERE key = ?2 AND state = 1 AND token = ?3 AND expires_at > ?4",
-        )
-        .bind(now.saturating_add(duration_millis(lease)))
-        .bind(&key.as_bytes()[..])
-        .bind(&token.0[..])
-        .bind(now)
-        .execute(&self.pool)
-        .await
-        .map_err(|e| self.err(e))?;
-        Ok(done.rows_affected() == 1)
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        renew_on(&mut conn, &*self.clock, key, token, lease)
+            .await
+            .map_err(|e| self.err(e))
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<RecordInfo>, StoreError> {
@@ -521,15 +571,12 @@ impl Store for SqliteStore {
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError> {
-        let done = sqlx::query(
-            "DELETE FROM idem_records WHERE key IN (
-                 SELECT key FROM idem_records WHERE expires_at <= ?1 OR state = 0 LIMIT ?2)",
-        )
-        .bind(self.now())
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .execute(&self.pool)
-        .await
-        .map_err(|e| self.err(e))?;
+        let done = sqlx::query(PURGE)
+            .bind(self.now())
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
         Ok(done.rows_affected())
     }
 }
@@ -564,7 +611,9 @@ impl TxConnection for SqliteConnection {
     }
 
     async fn release(&mut self, key: &Key, token: Token) -> Result<bool, StoreError> {
-        release_on(self, key, token).await.map_err(tx_err)
+        release_on(self, &SystemClock, key, token)
+            .await
+            .map_err(tx_err)
     }
 }
 
@@ -575,5 +624,38 @@ fn tx_err(e: sqlx::Error) -> StoreError {
 impl AsStore for SqliteStore {
     fn as_store(&self) -> StoreRef {
         StoreRef::new(self.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::Row as _;
+
+    use super::*;
+
+    /// The purge reads a range of the `expires_at` index, never the whole
+    /// table (which it would do under the database's one write lock).
+    #[tokio::test]
+    async fn purge_walks_the_expires_at_index() {
+        let store = SqliteStore::in_memory().await.unwrap();
+        // Rows of (id, parent, notused, detail).
+        let plan: Vec<String> = sqlx::query(&format!("EXPLAIN QUERY PLAN {PURGE}"))
+            .bind(0_i64)
+            .bind(10_i64)
+            .fetch_all(store.pool())
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get::<String, _>(3))
+            .collect();
+        assert!(
+            plan.iter()
+                .any(|d| d.contains("INDEX idem_records_expires_at (expires_at<?)")),
+            "{plan:?}"
+        );
+        assert!(
+            !plan.iter().any(|d| d.starts_with("SCAN idem_records")),
+            "{plan:?}"
+        );
     }
 }
