@@ -26,6 +26,9 @@ enum State {
     Done {
         outcome: Outcome,
         payload: Arc<[u8]>,
+        // Who completed it: a completion re-sent under the same token is the
+        // success it was, not a lost claim.
+        token: Token,
     },
     // Released records keep their fence so it never goes backwards.
     Released,
@@ -157,7 +160,9 @@ impl Store for MemoryStore {
             None => (1, false),
             Some(rec) if !is_live(rec, now) => (rec.fence + 1, false),
             Some(rec) => match &rec.state {
-                State::Done { outcome, payload } => {
+                State::Done {
+                    outcome, payload, ..
+                } => {
                     return Ok(Claim::Done(StoredResult {
                         fingerprint: rec.fingerprint,
                         outcome: *outcome,
@@ -203,10 +208,16 @@ impl Store for MemoryStore {
                 rec.state = State::Done {
                     outcome: completion.outcome,
                     payload: completion.payload.into(),
+                    token,
                 };
                 rec.expires_at = now.saturating_add(duration_millis(completion.ttl));
                 Ok(true)
             }
+            Some(Record {
+                state: State::Done { token: done_by, .. },
+                expires_at,
+                ..
+            }) if *done_by == token && *expires_at > now => Ok(true),
             _ => Ok(false),
         }
     }
@@ -246,7 +257,9 @@ impl Store for MemoryStore {
                 State::Processing { lease_until, .. } => {
                     (RecordState::Processing, *lease_until, None)
                 }
-                State::Done { outcome, payload } => (
+                State::Done {
+                    outcome, payload, ..
+                } => (
                     RecordState::Done,
                     0,
                     Some(StoredResult {

@@ -208,7 +208,9 @@ pub trait Store: Send + Sync + 'static {
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError>;
 
     /// Marks the record DONE with the result, only if `token` still owns it.
-    /// Returns whether it did.
+    /// Returns whether it did. A completion re-sent under the token that
+    /// already completed the record (after a dropped connection) returns
+    /// `true` and changes nothing.
     async fn complete(
         &self,
         key: &Key,
@@ -222,7 +224,8 @@ pub trait Store: Send + Sync + 'static {
     async fn release(&self, key: &Key, token: Token) -> Result<bool, StoreError>;
 
     /// Extends the lease of a PROCESSING record to `lease` from now, only if
-    /// `token` still owns it. Returns whether it did.
+    /// `token` still owns it, and keeps the record from expiring before the
+    /// new lease ends (a body may run past its ttl). Returns whether it did.
     async fn renew(&self, key: &Key, token: Token, lease: Duration) -> Result<bool, StoreError>;
 
     /// Reads a live record (not expired, not released).

@@ -201,6 +201,8 @@ macro_rules! select_record {
 /// A plain consistent read: it takes no lock and waits for none. Inside a
 /// caller's REPEATABLE READ transaction it may show an older version of the
 /// row (the transaction's snapshot); see `claim_on` for why that is safe.
+const COMPLETED_BY: &str = "SELECT 1 FROM idem_records WHERE `key` = ? AND state = 2 AND token = ?";
+
 const READ: &str = select_record!();
 
 /// After the claim's upsert: a locking read returns the latest committed row,
@@ -839,7 +841,17 @@ async fn complete_on(
         .bind(&token.0[..])
         .execute(&mut *conn)
         .await?;
-    Ok(done.rows_affected() == 1)
+    if done.rows_affected() == 1 {
+        return Ok(true);
+    }
+    // A completion re-sent after a dropped connection finds the record DONE
+    // under its own token: the success it was, not a lost claim.
+    let completed_by_us = sqlx::query(COMPLETED_BY)
+        .bind(&key.as_bytes()[..])
+        .bind(&token.0[..])
+        .fetch_optional(&mut *conn)
+        .await?;
+    Ok(completed_by_us.is_some())
 }
 
 async fn renew_on(

@@ -102,6 +102,8 @@ RETURNING fence, taken_over, lease_until - $3 AS started, ",
     " AS now"
 );
 
+const COMPLETED_BY: &str = "SELECT 1 FROM idem_records WHERE key = $1 AND state = 2 AND token = $2";
+
 const READ: &str = concat!(
     "SELECT state, fence, lease_until, expires_at, fingerprint, outcome, result, ",
     server_now!(),
@@ -574,9 +576,19 @@ async fn complete_on(
         .bind(millis(completion.ttl))
         .bind(&key.as_bytes()[..])
         .bind(&token.0[..])
-        .execute(conn)
+        .execute(&mut *conn)
         .await?;
-    Ok(done.rows_affected() == 1)
+    if done.rows_affected() == 1 {
+        return Ok(true);
+    }
+    // A completion re-sent after a dropped connection finds the record DONE
+    // under its own token: the success it was, not a lost claim.
+    let completed_by_us = sqlx::query(COMPLETED_BY)
+        .bind(&key.as_bytes()[..])
+        .bind(&token.0[..])
+        .fetch_optional(&mut *conn)
+        .await?;
+    Ok(completed_by_us.is_some())
 }
 
 async fn release_on(conn: &mut PgConnection, key: &Key, token: Token) -> Result<bool, sqlx::Error> {

@@ -51,6 +51,8 @@ WHERE idem_records.expires_at <= ?6
        AND (idem_records.lease_until <= ?6 OR idem_records.token = excluded.token))
 RETURNING fence, taken_over";
 
+const COMPLETED_BY: &str = "SELECT 1 FROM idem_records WHERE key = ?1 AND state = 2 AND token = ?2";
+
 const READ: &str = "
 SELECT state, fence, lease_until, expires_at, fingerprint, outcome, result
 FROM idem_records WHERE key = ?1";
@@ -481,7 +483,17 @@ async fn complete_on(
     .bind(&token.0[..])
     .execute(&mut *conn)
     .await?;
-    Ok(done.rows_affected() == 1)
+    if done.rows_affected() == 1 {
+        return Ok(true);
+    }
+    // A completion re-sent after a dropped connection finds the record DONE
+    // under its own token: the success it was, not a lost claim.
+    let completed_by_us = sqlx::query(COMPLETED_BY)
+        .bind(&key.as_bytes()[..])
+        .bind(&token.0[..])
+        .fetch_optional(&mut *conn)
+        .await?;
+    Ok(completed_by_us.is_some())
 }
 
 async fn release_on(
