@@ -212,11 +212,17 @@ fn check_segment(
         errors.at(seg.span, msg);
         return;
     };
+    let leaf = seg.names().last().unwrap_or(&seg.root);
     for name in seg.names() {
         if allow.contains(name) {
             continue;
         }
-        if let Some(suspicion) = time_like_names::judge(name) {
+        let suspicion = time_like_names::judge(name).or_else(|| {
+            (name == leaf)
+                .then(|| time_like_names::judge_leaf(name))
+                .flatten()
+        });
+        if let Some(suspicion) = suspicion {
             errors.at(
                 seg.span,
                 time_like_names::message(role, &seg.text, name, suspicion),
