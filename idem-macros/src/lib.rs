@@ -9,10 +9,10 @@
 
 mod args;
 mod check;
-mod duration;
+mod duration_literal;
 mod errors;
 mod expand;
-mod params;
+mod param_bindings;
 mod segments;
 mod suggest;
 

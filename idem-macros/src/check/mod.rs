@@ -4,7 +4,7 @@
 
 mod clock_types;
 mod default_scope;
-pub(crate) mod durations;
+mod ttl_lease_wait;
 mod signature;
 mod time_like_names;
 mod transaction;
@@ -15,7 +15,7 @@ use syn::{Expr, ItemFn, LitStr, Type};
 
 use crate::args::{IdempotentArgs, StepArgs};
 use crate::errors::Errors;
-use crate::params;
+use crate::param_bindings;
 use crate::segments::{self, Segment};
 
 /// Everything expansion needs, validated.
@@ -86,7 +86,7 @@ pub(crate) fn idempotent<'a>(
         .map(|lit| segments::parse(lit, "fingerprint", errors))
         .unwrap_or_default();
 
-    let bindings = params::bindings(&func.sig);
+    let bindings = param_bindings::bindings(&func.sig);
     for seg in &key {
         check_segment(seg, Role::Key, &bindings, &allow, errors);
     }
@@ -100,7 +100,7 @@ pub(crate) fn idempotent<'a>(
 
     let tx = transaction::check(&args, &bindings, errors);
 
-    let durations = durations::check(
+    let durations = ttl_lease_wait::check(
         args.ttl.as_ref(),
         args.lease.as_ref(),
         args.wait.as_ref(),
@@ -189,7 +189,7 @@ impl Role {
 fn check_segment(
     seg: &Segment,
     role: Role,
-    bindings: &[params::Binding<'_>],
+    bindings: &[param_bindings::Binding<'_>],
     allow: &HashSet<String>,
     errors: &mut Errors,
 ) {
