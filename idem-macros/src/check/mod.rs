@@ -4,10 +4,10 @@
 
 mod clock_types;
 mod default_scope;
-mod ttl_lease_wait;
 mod signature;
 mod time_like_names;
 mod transaction;
+mod ttl_lease_wait;
 
 use std::collections::HashSet;
 
