@@ -1,4 +1,4 @@
-//! The reference story, end to end, on the embedded default (SQLite, one file):
+//! The README's story, end to end, on the embedded default (SQLite, one file):
 //! a double click, a replay five minutes later, a retry after a flaky downstream
 //! and a genuinely new order. Every scenario is checked against the tables; any
 //! difference makes the program exit with status 1.

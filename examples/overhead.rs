@@ -14,8 +14,8 @@
 //! alternating order, because this machine is noisy:
 //!
 //! - Redis: (a) the body alone; (b) the body under `#[idempotent]` on the Redis
-//!   store; (c) a faithful port of the reference notes' Redis flow (SET NX,
-//!   GET on a duplicate, SET result, SET DONE). Round trips per call are
+//!   store; (c) the common hand-written Redis flow that idem replaces (SET NX
+//!   a PROCESSING marker, GET on a duplicate, SET result, SET DONE). Round trips per call are
 //!   counted by the server (`INFO commandstats`, client commands only), not assumed.
 //! - PostgreSQL: (a) a bare transaction inserting the order; (b) the same
 //!   transaction with the claim and the record inside it (`tx = tx`).
@@ -80,7 +80,8 @@ impl Svc {
     }
 }
 
-/// The reference notes' flow, ported faithfully: status and result in two keys.
+/// Measurement (c), the common hand-written flow: status and result in two
+/// keys, written one after the other, with no fence.
 async fn reference_flow(
     conn: &mut redis::aio::ConnectionManager,
     run: u64,

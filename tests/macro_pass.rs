@@ -291,6 +291,30 @@ async fn crate_path_through_a_reexport() {
     assert_eq!(count(&REEXPORT_STEP_RUNS), 1);
 }
 
+// --- inner attributes in the body ------------------------------------------
+
+static INNER_ATTR_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+#[idempotent(key = "id", store = shared_store())]
+async fn with_inner_attribute(id: u64) -> Result<u64, AppError> {
+    #![allow(clippy::needless_return)]
+    INNER_ATTR_RUNS.fetch_add(1, SeqCst);
+    return Ok(halve(id).await? + 1);
+}
+
+#[step("halve")]
+async fn halve(id: u64) -> Result<u64, AppError> {
+    #![allow(clippy::needless_return)]
+    return Ok(id / 2);
+}
+
+#[tokio::test]
+async fn inner_attributes_in_the_body() {
+    assert_eq!(with_inner_attribute(40).await.unwrap(), 21);
+    assert_eq!(with_inner_attribute(40).await.unwrap(), 21);
+    assert_eq!(count(&INNER_ATTR_RUNS), 1);
+}
+
 // --- `step` on a method, inside a flow on another method --------------------
 
 struct Flow {

@@ -1,5 +1,6 @@
-//! The misuse catalog of DESIGN §3 as compile-fail cases, and the keys that
-//! look suspicious but are fine as pass cases. Each `.stderr` is reviewed: the
+//! The misuse catalog (the README's "Misuse caught at compile time") as
+//! compile-fail cases, and the keys that look suspicious but are fine as pass
+//! cases. Each `.stderr` is reviewed: the
 //! message names the problem and the fix, and the span sits on the offending
 //! token.
 //!

@@ -144,6 +144,22 @@ fn example(name: &Ident) -> &'static str {
     }
 }
 
+/// `crate = "…"`: a string that must hold a path. Shared by both attributes so
+/// neither falls back to `::idem_runtime` on a typo.
+fn crate_path(item: &Item, errors: &mut Errors) -> Option<syn::Path> {
+    let s = lit_str(item, errors)?;
+    match s.parse::<syn::Path>() {
+        Ok(p) => Some(p),
+        Err(_) => {
+            errors.error(
+                &s,
+                "`crate` takes a path, e.g. crate = \"my_reexport::idem_runtime\"",
+            );
+            None
+        }
+    }
+}
+
 /// Sets an option once; a repeat is an error on the repeated name.
 fn set_once<T>(slot: &mut Option<T>, value: Option<T>, name: &Ident, errors: &mut Errors) {
     if slot.is_some() {
@@ -181,19 +197,12 @@ pub(crate) fn parse_idempotent(tokens: TokenStream, errors: &mut Errors) -> Idem
             "store" => set_once(&mut args.store, expr(&item, errors), &item.name, errors),
             "final_err" => set_once(&mut args.final_err, expr(&item, errors), &item.name, errors),
             "tx" => set_once(&mut args.tx, expr(&item, errors), &item.name, errors),
-            "crate" => {
-                let path = lit_str(&item, errors).and_then(|s| match s.parse::<syn::Path>() {
-                    Ok(p) => Some(p),
-                    Err(_) => {
-                        errors.error(
-                            &s,
-                            "`crate` takes a path, e.g. crate = \"my_reexport::idem_runtime\"",
-                        );
-                        None
-                    }
-                });
-                set_once(&mut args.krate, path, &item.name, errors);
-            }
+            "crate" => set_once(
+                &mut args.krate,
+                crate_path(&item, errors),
+                &item.name,
+                errors,
+            ),
             "consumer" => {
                 if let Some(v) = &item.value {
                     errors.error(
@@ -244,10 +253,12 @@ pub(crate) fn parse_step(tokens: TokenStream, errors: &mut Errors) -> StepArgs {
         }
         for item in syn::punctuated::Punctuated::<Item, Token![,]>::parse_terminated(input)? {
             match item.name.to_string().as_str() {
-                "crate" => {
-                    let path = lit_str(&item, errors).and_then(|s| s.parse::<syn::Path>().ok());
-                    set_once(&mut args.krate, path, &item.name, errors);
-                }
+                "crate" => set_once(
+                    &mut args.krate,
+                    crate_path(&item, errors),
+                    &item.name,
+                    errors,
+                ),
                 "name" => {
                     let name = lit_str(&item, errors);
                     set_once(&mut args.name, name, &item.name, errors);

@@ -7,7 +7,7 @@
 use proc_macro2::{Group, Span, TokenStream, TokenTree};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{ItemFn, LitStr, Path, ReturnType};
+use syn::{AttrStyle, Attribute, ItemFn, LitStr, Path, ReturnType};
 
 use crate::check::Plan;
 use crate::segments::Segment;
@@ -200,10 +200,19 @@ fn dispatch(krate: &Path, func: &ItemFn) -> TokenStream {
     }
 }
 
+/// The function's outer attributes, and the inner ones (`#![allow(…)]`) that
+/// syn parsed out of its body. An inner attribute is valid only at the top of
+/// a block, so it goes back to the top of the generated body, where it applies
+/// to the whole function as it did before, generated code included.
+fn split_attrs(func: &ItemFn) -> (Vec<&Attribute>, Vec<&Attribute>) {
+    func.attrs
+        .iter()
+        .partition(|a| matches!(a.style, AttrStyle::Outer))
+}
+
 pub(crate) fn idempotent(plan: &Plan<'_>, func: &ItemFn, krate: &Path) -> TokenStream {
-    let ItemFn {
-        attrs, vis, sig, ..
-    } = func;
+    let ItemFn { vis, sig, .. } = func;
+    let (attrs, inner_attrs) = split_attrs(func);
     let fn_name = sig.ident.to_string();
     let scope = match &plan.scope {
         Some(lit) => quote!(#lit),
@@ -281,6 +290,7 @@ pub(crate) fn idempotent(plan: &Plan<'_>, func: &ItemFn, krate: &Path) -> TokenS
     quote! {
         #(#attrs)*
         #vis #sig {
+            #(#inner_attrs)*
             const __IDEM_SPEC: #krate::__private::Spec = #krate::__private::Spec {
                 scope: #scope,
                 kind: #kind,
@@ -311,15 +321,15 @@ pub(crate) fn step(
     func: &ItemFn,
     krate: &Path,
 ) -> TokenStream {
-    let ItemFn {
-        attrs, vis, sig, ..
-    } = func;
+    let ItemFn { vis, sig, .. } = func;
+    let (attrs, inner_attrs) = split_attrs(func);
     let checks = type_checks(krate, func, ok, err, false);
     let dispatch = dispatch(krate, func);
     let body = body_block(func);
     quote! {
         #(#attrs)*
         #vis #sig {
+            #(#inner_attrs)*
             #checks
             #dispatch
             __idem_dispatch.run_step(#name, #body).await

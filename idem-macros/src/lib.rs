@@ -9,10 +9,10 @@
 
 mod args;
 mod check;
-mod duration;
+mod duration_literal;
 mod errors;
 mod expand;
-mod params;
+mod param_bindings;
 mod segments;
 mod suggest;
 
@@ -23,7 +23,150 @@ use syn::ItemFn;
 
 use errors::Errors;
 
-/// Makes an async fn returning `Result<T, E>` idempotent. See `idem_runtime`.
+/// Makes an async fn returning `Result<T, E>` idempotent: the first call with a
+/// key runs the body and records its result, duplicates get that result back.
+///
+/// ```
+/// # use idem_runtime::idempotent;
+/// # #[derive(Debug)] struct AppError;
+/// # impl From<idem_runtime::Error> for AppError { fn from(_: idem_runtime::Error) -> Self { AppError } }
+/// # pub struct CreateOrder { user_id: u64, client_order_no: String, amount: u64 }
+/// #[idempotent(scope = "orders.create", key = "req.user_id|req.client_order_no", ttl = "24h")]
+/// async fn create_order(req: CreateOrder) -> Result<u64, AppError> {
+///     Ok(req.amount) // runs once per (user_id, client_order_no) within 24h
+/// }
+/// ```
+///
+/// The function must be `async` and return `Result<T, E>` or an alias of one
+/// (`io::Result<T>`). `T` must be `Serialize + DeserializeOwned`, because it
+/// is stored and replayed; `E` must be `From<idem_runtime::Error>`, so that
+/// idem's own errors (`InProgress`, `KeyReuse`, a store failure) reach the
+/// caller as its error type. It works on free functions, on `&self` and
+/// `&mut self` methods and on native `async fn` in trait impls, not under the
+/// `async-trait` crate.
+///
+/// # Options
+///
+/// | option | meaning | default |
+/// |---|---|---|
+/// | `key = "req.user_id\|req.sku"` | `\|`-separated segments, each a parameter (or `self`, or a binding of a pattern such as `Json(req)`) with optional fields or tuple indices: `req.user_id`, `pair.0`. Name business fields that are the same on every retry of one intent | required |
+/// | `ttl = "24h"` | how long the DONE record lives: it must cover the longest retry or redelivery window | `24h`; consumers `7d` |
+/// | `lease = "30s"` | how long a PROCESSING claim holds before another caller may take it over; a running body renews it every third of the lease | `30s` |
+/// | `scope = "orders.create"` | the namespace of the keys | module path + fn name; **required on methods**, see below |
+/// | `store = expr` | the store for this call: a store, an `Arc` of one, a reference to one or a `StoreRef` | the one installed with `idem_runtime::install` |
+/// | `consumer` | a message consumer: the ttl default and minimum suit redelivery | a call |
+/// | `event = "SETTLE"` | with `consumer`: the event type, made the first part of the key | none |
+/// | `fingerprint = "req.amount\|req.currency"` | segments that must match: the same key with another payload is `Error::KeyReuse`, never a silent replay | none |
+/// | `wait = "2s"` | a duplicate waits this long for the first call's result instead of failing at once with `InProgress` | no waiting |
+/// | `allow = "settle_date\|ttl"` | exempts names from the misuse checks below, and `ttl` from the consumer minimum; an entry that exempts nothing is an error | none |
+/// | `final_err = path` | a `fn(&E) -> bool`: errors it accepts (a declined card) are stored and replayed like a success; `E` must then be `Serialize + DeserializeOwned` too | every `Err` releases the claim |
+/// | `tx = tx` | a `&mut` transaction (or connection) parameter: the claim and the record are written on it and commit or roll back with the business writes. Not with `store`, `wait` or `final_err` | a separate record in the store |
+/// | `crate = "path"` | where `idem_runtime` is, when it is reached through a re-export | `::idem_runtime` |
+///
+/// Expression options (`store`, `final_err`, `tx`) may also be written as
+/// strings, serde style.
+///
+/// ## Durations
+///
+/// `ttl`, `lease` and `wait` take a whole number and one unit: `500ms`, `30s`,
+/// `15m`, `24h` or `7d` (no fractions, no `1h30m`). None may be zero; a `ttl`
+/// under a minute is only a lock and is refused; a consumer's `ttl` under 24h
+/// is refused unless `allow = "ttl"`; a `lease` longer than the `ttl` is
+/// refused.
+///
+/// ## Methods need a `scope`
+///
+/// On a method (a `self` receiver, or `Self` anywhere in the signature) the
+/// attribute requires `scope = "…"`. The default scope, module path and
+/// function name, is the same for the `handle` of every impl in a module, so
+/// two types' calls would share keys and replay each other's results; an
+/// attribute cannot see which impl it is in. A written scope also keeps the
+/// keys stable when the function is renamed or moved.
+///
+/// ## Misuse refused at compile time
+///
+/// A `key` or `fingerprint` segment named like a value that changes on every
+/// retry is an error, since such a key never repeats: times (`created_at` and
+/// other `*_at`, `timestamp`, `ts`, `now`, `*_time`, `*_date`), per-request
+/// ids (`request_id`, `trace_id`, `nonce`, `random`), retry and delivery
+/// counters (`retry_count`, `attempt`, `attempt_no`, `delivery_attempt`,
+/// `redelivered`, `num_retries`) and parameters of clock types (`SystemTime`,
+/// `Instant`, chrono and time types). Names are judged by whole words:
+/// `candidate_id`, `update_count`, `delivery_address` and `max_retries` pass.
+/// `allow = "name"` exempts a value that really is fixed per intent.
+///
+/// # What it expands to
+///
+/// Simplified (the real expansion also asserts the types' bounds on your own
+/// tokens, so a type that cannot be cached is reported once, there), the
+/// attribute turns the function into a call of
+/// `idem_runtime::protocol::execute`: claim the key, run the body, record its
+/// result (or release the claim on `Err`). The hand-written version below
+/// derives the same key, so it replays what the annotated one stored:
+///
+/// ```
+/// use std::sync::LazyLock;
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// use std::time::Duration;
+///
+/// use idem_runtime::protocol::{self, Kind, Spec};
+/// use idem_runtime::store::memory::MemoryStore;
+/// use idem_runtime::{AsStore, Fingerprint, Key, idempotent};
+///
+/// # #[derive(Debug)] pub struct AppError;
+/// # impl From<idem_runtime::Error> for AppError { fn from(_: idem_runtime::Error) -> Self { AppError } }
+/// pub struct Pay { user_id: u64, client_order_no: String, amount: u64 }
+///
+/// static STORE: LazyLock<MemoryStore> = LazyLock::new(MemoryStore::new);
+/// static RUNS: AtomicUsize = AtomicUsize::new(0);
+///
+/// #[idempotent(
+///     scope = "orders.pay",
+///     key = "req.user_id|req.client_order_no",
+///     fingerprint = "req.amount",
+///     ttl = "24h",
+///     store = &*STORE,
+/// )]
+/// async fn pay(req: Pay) -> Result<u64, AppError> {
+///     RUNS.fetch_add(1, Ordering::SeqCst);
+///     Ok(req.amount)
+/// }
+///
+/// // What `pay` becomes:
+/// async fn pay_by_hand(req: Pay) -> Result<u64, AppError> {
+///     // Fixed per call site. `Kind::Consumer` with `consumer`; `.wait(…)` with `wait`.
+///     const SPEC: Spec = Spec::new("orders.pay", Kind::Call)
+///         .ttl(Duration::from_secs(24 * 3600))
+///         .lease(Duration::from_secs(30));
+///     // The key: the scope, then (with `event`, the event type, then) each segment.
+///     let key = Key::builder(SPEC.scope)
+///         .part(&req.user_id)
+///         .part(&req.client_order_no)
+///         .finish();
+///     let fingerprint = Some(Fingerprint::builder().part(&req.amount).finish());
+///     // `None` without `store = …`: the installed store.
+///     let store = Some(STORE.as_store());
+///     // The body, moved into an `async move` block: `?` and `return` keep their meaning.
+///     // With `final_err = f`: `protocol::execute_keeping_final(…, f, body)`; with
+///     // `tx = tx`: `protocol::execute_in_tx(&SPEC, &mut *tx, key, fingerprint, async move |tx| …)`.
+///     protocol::execute(&SPEC, store, key, fingerprint, async move {
+///         RUNS.fetch_add(1, Ordering::SeqCst);
+///         Ok(req.amount)
+///     })
+///     .await
+/// }
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let req = || Pay { user_id: 7, client_order_no: "c-1".into(), amount: 100 };
+/// assert_eq!(pay(req()).await.unwrap(), 100);
+/// assert_eq!(pay_by_hand(req()).await.unwrap(), 100); // replayed: same key, same store
+/// assert_eq!(RUNS.load(Ordering::SeqCst), 1);
+/// # });
+/// ```
+///
+/// Inside the body, `idem_runtime::current_key()` is the call's key: pass a key
+/// derived from it (`key.derive("psp:charge").to_hex()`) as the
+/// `Idempotency-Key` of a payment or SMS provider.
 #[proc_macro_attribute]
 pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
     let item2 = TokenStream2::from(item.clone());
@@ -41,7 +184,51 @@ pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
     expand::idempotent(&plan, &func, &krate).into()
 }
 
-/// Marks an async fn as a named step of an idempotent flow. See `idem_runtime`.
+/// Marks an async fn as a named step of an idempotent flow: called inside an
+/// `#[idempotent]` call, it runs once per flow, and a retry of the flow gets
+/// its saved output back instead of running it again.
+///
+/// `#[step("deduct_stock")]` or `#[step(name = "deduct_stock")]`. The name is
+/// required and explicit, so that renaming the function never changes the
+/// step's identity. A step is recorded under the flow's key, its name and how
+/// many steps of that name the flow has already finished, so a step called in
+/// a loop records each call. Only the step that failed and the ones after it
+/// run again. Outside an idempotent call (or inside one with `tx = …`, whose
+/// transaction already makes the call all-or-nothing) a step just runs.
+///
+/// Like `#[idempotent]`, the function must be `async` and return
+/// `Result<T, E>` with a `Serialize + DeserializeOwned` `T` and an `E` that is
+/// `From<idem_runtime::Error>`. Its options are the name and
+/// `crate = "path"` (where `idem_runtime` is, for re-exports; default
+/// `::idem_runtime`).
+///
+/// # What it expands to
+///
+/// Simplified (without the type assertions), the body moves into an
+/// `async move` block handed to `idem_runtime::protocol::run_step`:
+///
+/// ```
+/// use idem_runtime::protocol;
+/// use idem_runtime::step;
+///
+/// # #[derive(Debug)] pub struct AppError;
+/// # impl From<idem_runtime::Error> for AppError { fn from(_: idem_runtime::Error) -> Self { AppError } }
+/// #[step("deduct_stock")]
+/// async fn deduct_stock(sku: u64, qty: u32) -> Result<u64, AppError> {
+///     Ok(sku * u64::from(qty))
+/// }
+///
+/// // What `deduct_stock` becomes:
+/// async fn deduct_stock_by_hand(sku: u64, qty: u32) -> Result<u64, AppError> {
+///     protocol::run_step("deduct_stock", async move { Ok(sku * u64::from(qty)) }).await
+/// }
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// // Outside an idempotent call both just run.
+/// assert_eq!(deduct_stock(3, 2).await.unwrap(), 6);
+/// assert_eq!(deduct_stock_by_hand(3, 2).await.unwrap(), 6);
+/// # });
+/// ```
 #[proc_macro_attribute]
 pub fn step(attr: TokenStream, item: TokenStream) -> TokenStream {
     let item2 = TokenStream2::from(item.clone());

@@ -155,20 +155,33 @@ pub(crate) fn current() -> Option<Arc<FlowContext>> {
 /// Task-local: a task spawned from the body does not see it; capture it first.
 ///
 /// ```
+/// use std::sync::LazyLock;
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+///
+/// use idem_runtime::store::memory::MemoryStore;
+///
 /// #[derive(Debug)]
 /// struct AppError(idem_runtime::Error);
 /// impl From<idem_runtime::Error> for AppError {
 ///     fn from(e: idem_runtime::Error) -> Self { AppError(e) }
 /// }
 ///
-/// #[idem_runtime::idempotent(key = "order_id", store = idem_runtime::store::memory::MemoryStore::new())]
+/// // One store for every call: a store built per call would remember nothing.
+/// static STORE: LazyLock<MemoryStore> = LazyLock::new(MemoryStore::new);
+/// static CHARGES: AtomicUsize = AtomicUsize::new(0);
+///
+/// #[idem_runtime::idempotent(key = "order_id", store = &*STORE)]
 /// async fn charge(order_id: u64) -> Result<String, AppError> {
 ///     let key = idem_runtime::current_key().expect("inside an idempotent call");
+///     CHARGES.fetch_add(1, Ordering::SeqCst);
 ///     Ok(key.derive("psp:charge").to_hex()) // the provider's Idempotency-Key
 /// }
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// assert_eq!(charge(7).await.unwrap().len(), 64);
+/// let first = charge(7).await.unwrap();
+/// assert_eq!(first.len(), 64);
+/// assert_eq!(charge(7).await.unwrap(), first); // a retry: replayed, not charged again
+/// assert_eq!(CHARGES.load(Ordering::SeqCst), 1);
 /// assert!(idem_runtime::current_key().is_none());
 /// # });
 /// ```
@@ -184,19 +197,31 @@ pub fn current_key() -> Option<Key> {
 /// over. `None` outside an idempotent call.
 ///
 /// ```
+/// use std::sync::LazyLock;
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+///
+/// use idem_runtime::store::memory::MemoryStore;
+///
 /// #[derive(Debug)]
 /// struct AppError(idem_runtime::Error);
 /// impl From<idem_runtime::Error> for AppError {
 ///     fn from(e: idem_runtime::Error) -> Self { AppError(e) }
 /// }
 ///
-/// #[idem_runtime::idempotent(key = "order_id", store = idem_runtime::store::memory::MemoryStore::new())]
+/// static STORE: LazyLock<MemoryStore> = LazyLock::new(MemoryStore::new);
+/// static SHIPMENTS: AtomicUsize = AtomicUsize::new(0);
+///
+/// #[idem_runtime::idempotent(key = "order_id", store = &*STORE)]
 /// async fn ship(order_id: u64) -> Result<u64, AppError> {
+///     SHIPMENTS.fetch_add(1, Ordering::SeqCst);
 ///     Ok(idem_runtime::current_fence().expect("inside an idempotent call"))
 /// }
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// assert!(ship(7).await.unwrap() >= 1);
+/// let fence = ship(7).await.unwrap();
+/// assert!(fence >= 1);
+/// assert_eq!(ship(7).await.unwrap(), fence); // replayed
+/// assert_eq!(SHIPMENTS.load(Ordering::SeqCst), 1);
 /// assert!(idem_runtime::current_fence().is_none());
 /// # });
 /// ```

@@ -4,7 +4,7 @@
 //! Every part is written with a type tag and, where its length varies, a length
 //! prefix. The encoding of one part is therefore prefix-free, and a sequence of
 //! parts decodes in exactly one way: `("a|b", "c")` and `("a", "b|c")` can never
-//! share a key, unlike the `String.join("|")` the reference notes use.
+//! share a key, as they would under a plain `String.join("|")`.
 //!
 //! Stores only ever see the 32-byte hash, never the raw values. Without a
 //! secret that hash hides only what cannot be guessed: see [`Key`] for what a

@@ -53,14 +53,10 @@ pub mod protocol;
 mod spec;
 pub mod store;
 
-/// Makes an async fn returning `Result<T, E>` idempotent.
-///
-/// See the crate documentation and the README for every option.
-pub use idem_macros::idempotent;
-/// Marks an async fn as a named step of an idempotent flow.
-///
-/// See the crate documentation and the README.
-pub use idem_macros::step;
+// Their documentation (options, durations, what they expand to) is on the
+// macros themselves: rustdoc shows it here, and would put any doc comment on
+// these lines in front of it.
+pub use idem_macros::{idempotent, step};
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{CodecError, Error, StoreError};

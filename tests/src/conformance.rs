@@ -1,6 +1,6 @@
-//! The store conformance suite: the [`Store`] contract, case by case.
+//! The store conformance suite: the [`Store`](idem_runtime::Store) contract, case by case.
 //!
-//! Every backend runs it unchanged through [`conformance_suite!`]: give it a
+//! Every backend runs it unchanged through [`conformance_suite!`](crate::conformance_suite): give it a
 //! module name and an async expression that builds a [`Subject`]. Keys are
 //! random per case, so backends on a shared server need no cleanup.
 //!

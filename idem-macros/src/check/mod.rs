@@ -4,10 +4,10 @@
 
 mod clock_types;
 mod default_scope;
-pub(crate) mod durations;
 mod signature;
 mod time_like_names;
 mod transaction;
+mod ttl_lease_wait;
 
 use std::collections::HashSet;
 
@@ -15,7 +15,7 @@ use syn::{Expr, ItemFn, LitStr, Type};
 
 use crate::args::{IdempotentArgs, StepArgs};
 use crate::errors::Errors;
-use crate::params;
+use crate::param_bindings;
 use crate::segments::{self, Segment};
 
 /// Everything expansion needs, validated.
@@ -86,7 +86,7 @@ pub(crate) fn idempotent<'a>(
         .map(|lit| segments::parse(lit, "fingerprint", errors))
         .unwrap_or_default();
 
-    let bindings = params::bindings(&func.sig);
+    let bindings = param_bindings::bindings(&func.sig);
     for seg in &key {
         check_segment(seg, Role::Key, &bindings, &allow, errors);
     }
@@ -100,7 +100,7 @@ pub(crate) fn idempotent<'a>(
 
     let tx = transaction::check(&args, &bindings, errors);
 
-    let durations = durations::check(
+    let durations = ttl_lease_wait::check(
         args.ttl.as_ref(),
         args.lease.as_ref(),
         args.wait.as_ref(),
@@ -189,7 +189,7 @@ impl Role {
 fn check_segment(
     seg: &Segment,
     role: Role,
-    bindings: &[params::Binding<'_>],
+    bindings: &[param_bindings::Binding<'_>],
     allow: &HashSet<String>,
     errors: &mut Errors,
 ) {
@@ -212,11 +212,17 @@ fn check_segment(
         errors.at(seg.span, msg);
         return;
     };
+    let leaf = seg.names().last().unwrap_or(&seg.root);
     for name in seg.names() {
         if allow.contains(name) {
             continue;
         }
-        if let Some(suspicion) = time_like_names::judge(name) {
+        let suspicion = time_like_names::judge(name).or_else(|| {
+            (name == leaf)
+                .then(|| time_like_names::judge_leaf(name))
+                .flatten()
+        });
+        if let Some(suspicion) = suspicion {
             errors.at(
                 seg.span,
                 time_like_names::message(role, &seg.text, name, suspicion),

@@ -8,7 +8,7 @@ use syn::{Expr, Ident, Type};
 
 use crate::args::IdempotentArgs;
 use crate::errors::Errors;
-use crate::params::Binding;
+use crate::param_bindings::Binding;
 
 pub(crate) fn check(
     args: &IdempotentArgs,

@@ -3,7 +3,7 @@
 
 use syn::LitStr;
 
-use crate::duration::{self, HELP};
+use crate::duration_literal::{self, HELP};
 use crate::errors::Errors;
 
 const MINUTE: u64 = 60_000;
@@ -19,7 +19,7 @@ pub(crate) struct Durations {
 }
 
 fn parse(lit: &LitStr, option: &str, errors: &mut Errors) -> Option<u64> {
-    match duration::parse_millis(&lit.value()) {
+    match duration_literal::parse_millis(&lit.value()) {
         None => {
             errors.error(
                 lit,
@@ -62,7 +62,7 @@ pub(crate) fn check(
     let lease_val = lease_ms.flatten().unwrap_or(DEFAULT_LEASE);
 
     if let (Some(lit), Some(Some(ttl))) = (ttl, ttl_ms) {
-        let shown = duration::display(ttl);
+        let shown = duration_literal::display(ttl);
         if ttl < MINUTE {
             errors.error(
                 lit,
@@ -89,8 +89,8 @@ pub(crate) fn check(
                 format!(
                     "`lease = \"{}\"` is longer than the ttl ({}): the record would expire while its owner still holds it\n\
                      help: shorten the lease or raise the ttl: the lease covers one execution (seconds to minutes); the ttl covers every retry (hours to days)",
-                    duration::display(lease),
-                    duration::display(ttl_val)
+                    duration_literal::display(lease),
+                    duration_literal::display(ttl_val)
                 ),
             );
         }
