@@ -497,7 +497,7 @@ impl Key {
     /// hashed under the installed [`KeySecret`] if there is one (see
     /// [`crate::install_key_secret`]), with plain SHA-256 otherwise.
     pub fn builder(scope: &str) -> KeyBuilder {
-        Key::start(scope, crate::global::key_secret())
+        Key::start(scope, crate::install::key_secret())
     }
 
     /// Starts a key in `scope` hashed under `secret`, whatever is installed:
@@ -649,7 +649,7 @@ impl Fingerprint {
     /// Keyed like [`Key::builder`]: a fingerprint is stored next to its key
     /// and its fields can be as guessable.
     pub fn builder() -> FingerprintBuilder {
-        Fingerprint::start(crate::global::key_secret())
+        Fingerprint::start(crate::install::key_secret())
     }
 
     /// Starts a fingerprint hashed under `secret`, whatever is installed.

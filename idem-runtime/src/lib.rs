@@ -46,7 +46,7 @@ mod clock;
 mod diagnostics;
 mod error;
 mod flow;
-mod global;
+mod install;
 pub mod key;
 mod observe;
 pub mod protocol;
@@ -61,7 +61,7 @@ pub use idem_macros::{idempotent, step};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{CodecError, Error, StoreError};
 pub use flow::{current_fence, current_key, lease_lost};
-pub use global::{install, install_key_secret};
+pub use install::{install, install_key_secret};
 pub use key::{Fingerprint, Key, KeyEncoder, KeyPart, KeySecret, KeySecretError};
 pub use observe::CallOutcome;
 pub use store::{

@@ -308,7 +308,7 @@ where
     F: Future<Output = Result<T, E>>,
     P: ErrorPolicy<E>,
 {
-    let Some(store) = store.or_else(crate::global::default_store) else {
+    let Some(store) = store.or_else(crate::install::default_store) else {
         return Err(Error::NoStore.into());
     };
     let span = tracing::debug_span!("idem", scope = spec.scope, key = %key.short(), fence = tracing::field::Empty);
