@@ -382,8 +382,10 @@ pub fn in_progress_is_not_a_failure<B: Broker>(make: impl Future<Output = Option
             })
             .await;
             ledger.release.add_permits(1);
+            // At least both copies: a broker may also hand out a copy again
+            // that waited past its ack deadline in a busy consumer's buffer.
             eventually("both are acked", || async {
-                sum(&[&r1, &r2], |s| s.acked) == 2 && broker.drained().await
+                sum(&[&r1, &r2], |s| s.acked) >= 2 && broker.drained().await
             })
             .await;
             t1.abort();
@@ -391,7 +393,7 @@ pub fn in_progress_is_not_a_failure<B: Broker>(make: impl Future<Output = Option
             assert_eq!(ledger.effects("hold-1"), 1);
             assert_eq!(ledger.calls.load(SeqCst), 1);
             // Whichever consumer takes the deferred copy last replays it.
-            assert_eq!(sum(&[&r1, &r2], |s| s.deduplicated), 1);
+            assert!(sum(&[&r1, &r2], |s| s.deduplicated) >= 1);
             assert_eq!(sum(&[&r1, &r2], |s| s.parked + s.retried), 0);
             broker.cleanup().await;
             true
@@ -434,8 +436,8 @@ pub fn in_progress_is_not_a_failure<B: Broker>(make: impl Future<Output = Option
         0
     );
     assert_eq!(count("idem_consumer_parked_total", &[]), 0);
-    assert_eq!(count("idem_consumer_acked_total", &[]), 2);
-    assert_eq!(count("idem_consumer_deduplicated_total", &[]), 1);
+    assert!(count("idem_consumer_acked_total", &[]) >= 2);
+    assert!(count("idem_consumer_deduplicated_total", &[]) >= 1);
     assert!(count("idem_consumer_delivered_total", &[]) >= 6);
 }
 
