@@ -80,6 +80,8 @@ enum Noted {
     Call(CallOutcome),
     /// The body ran, but a newer owner had taken the key over: its record stands.
     Fenced,
+    /// The handler rolled back what the call recorded ([`rolled_back`]).
+    RolledBack,
 }
 
 tokio::task_local! {
@@ -100,6 +102,26 @@ pub(crate) fn note_fenced(spec: &Spec) {
     if spec.kind != Kind::Step {
         let _ = PROBE.try_with(|p| p.set(Some(Noted::Fenced)));
     }
+}
+
+/// Tells the runner that what the handler's annotated call recorded did not
+/// last: the caller's transaction carrying the record (`tx = tx`) failed to
+/// commit. The delivery then counts as a retryable failure instead of being
+/// acked on a record that does not exist.
+///
+/// ```
+/// # struct Tx; impl Tx { async fn commit(self) -> Result<(), std::io::Error> { Ok(()) } }
+/// # async fn handler(tx: Tx) -> Result<(), std::io::Error> {
+/// // let mut tx = pool.begin().await?;
+/// // settle(&mut tx, e).await?;   // #[idempotent(consumer, tx = tx, …)]
+/// if let Err(e) = tx.commit().await {
+///     idem_runtime::consumer::rolled_back();
+///     return Err(e);
+/// }
+/// # Ok(()) }
+/// ```
+pub fn rolled_back() {
+    let _ = PROBE.try_with(|p| p.set(Some(Noted::RolledBack)));
 }
 
 async fn probed<F: Future>(fut: F) -> (F::Output, Option<Noted>) {
@@ -508,6 +530,10 @@ impl Runner {
             // The body ran and a newer owner holds the record: it acks its own
             // delivery, and this one is done.
             (Some(Noted::Fenced), _) => Decision::Ack(Acked::Processed),
+            (Some(Noted::RolledBack), r) => failed(match r {
+                Err(e) => format!("{e:?}"),
+                Ok(_) => "the handler's transaction was rolled back".to_owned(),
+            }),
             (Some(Noted::Call(O::InProgress)), _) => Decision::Defer(self.in_progress_delay),
             // Never going to succeed as it is: an operator has to look.
             (Some(Noted::Call(O::KeyReuse | O::CodecError | O::NotInTransaction)), r) => {
