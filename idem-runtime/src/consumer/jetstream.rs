@@ -40,7 +40,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{AckPolicy, pull};
 use async_nats::jetstream::{self, AckKind, Context};
 use futures_util::StreamExt;
@@ -230,7 +229,7 @@ impl Delivery for NatsDelivery {
     }
 
     async fn park(self, reason: &str) -> Result<(), BrokerError> {
-        let mut headers = self.message.headers.clone().unwrap_or_else(HeaderMap::new);
+        let mut headers = self.message.headers.clone().unwrap_or_default();
         headers.insert("Idem-Reason", reason);
         headers.insert("Idem-Deliveries", self.attempt.to_string().as_str());
         headers.insert("Idem-Stream", self.shared.stream.as_str());
