@@ -43,6 +43,7 @@
 #![warn(missing_docs)]
 
 mod clock;
+pub mod consumer;
 mod diagnostics;
 mod error;
 mod flow;

@@ -91,6 +91,8 @@ fn kind(spec: &Spec) -> &'static str {
 }
 
 pub(crate) fn call(spec: &Spec, outcome: CallOutcome) {
+    // The consumer runner maps this same outcome to a broker action.
+    crate::consumer::note(spec, outcome);
     metrics::counter!("idem_calls_total", "scope" => spec.scope, "kind" => kind(spec), "outcome" => outcome.as_str())
         .increment(1);
 }
@@ -101,6 +103,7 @@ pub(crate) fn takeover(spec: &Spec) {
 }
 
 pub(crate) fn fenced(spec: &Spec) {
+    crate::consumer::note_fenced(spec);
     metrics::counter!("idem_fenced_total", "scope" => spec.scope, "kind" => kind(spec))
         .increment(1);
 }

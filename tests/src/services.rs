@@ -25,6 +25,16 @@ pub fn redis_url() -> String {
     var("IDEM_REDIS_URL", "redis://127.0.0.1:6379")
 }
 
+/// The RabbitMQ URL (`IDEM_RABBITMQ_URL`).
+pub fn rabbitmq_url() -> String {
+    var("IDEM_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")
+}
+
+/// The NATS server with JetStream (`IDEM_NATS_URL`).
+pub fn nats_url() -> String {
+    var("IDEM_NATS_URL", "nats://127.0.0.1:4222")
+}
+
 /// The Redis Cluster's node URLs (`IDEM_REDIS_CLUSTER_URLS`, comma-separated),
 /// as `scripts/test` starts it.
 pub fn redis_cluster_urls() -> Vec<String> {

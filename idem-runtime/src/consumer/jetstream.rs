@@ -1,0 +1,248 @@
+//! NATS JetStream through async-nats (feature `nats`).
+//!
+//! - A durable pull consumer with explicit acks; several processes pulling
+//!   from the same durable share its messages.
+//! - Ack is `+ACK` waiting for the server's confirmation (`double_ack`), sent
+//!   after the outcome is recorded.
+//! - A counted failure is `-NAK` with the backoff as its delay.
+//! - `InProgress`: JetStream counts every redelivery, a delayed `-NAK` too, so
+//!   the runner keeps the message instead: it sends `+WPI` (work in progress,
+//!   which restarts the ack wait) and runs it again after the delay.
+//! - A parked message is published to the parking subject with headers
+//!   `Idem-Reason`, `Idem-Deliveries` and `Idem-Stream`, and then `+TERM`ed.
+//!   Capture that subject in a stream of its own so an operator can read it.
+//! - A consumer that dies leaves its messages unacked: the server redelivers
+//!   them after `ack_wait`, counting the delivery. Keep `ack_wait` above the
+//!   longest handler run.
+//!
+//! The server's `max_deliver` is left unlimited: the runner parks at
+//! `max_deliveries`, with the reason, where a server-side limit would drop the
+//! message silently.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use idem_runtime::consumer::Runner;
+//! use idem_runtime::consumer::jetstream::JetStream;
+//!
+//! # #[derive(serde::Serialize, serde::Deserialize)] struct OrderPaid { order_id: String }
+//! # async fn settle(e: OrderPaid) -> Result<(), std::io::Error> { Ok(()) }
+//! # async fn go() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = async_nats::connect("nats://127.0.0.1:4222").await?;
+//! let js = async_nats::jetstream::new(client);
+//! let source = JetStream::builder("ORDERS", "settlement", "orders.parked")
+//!     .ack_wait(Duration::from_secs(30))
+//!     .consume(&js)
+//!     .await?;
+//! let err = Runner::new("settlement.on_order_paid", "SETTLE").run(source, settle).await;
+//! # Ok(()) }
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{AckPolicy, pull};
+use async_nats::jetstream::{self, AckKind, Context};
+use futures_util::StreamExt;
+use serde::Serialize;
+
+use super::{BrokerError, Delivery, Source};
+
+fn broker(e: impl std::error::Error + Send + Sync + 'static) -> BrokerError {
+    BrokerError::new("nats", e)
+}
+
+/// Publishes `message` as JSON to `subject` and waits for the stream's ack.
+pub async fn publish<M: Serialize + ?Sized>(
+    js: &Context,
+    subject: &str,
+    message: &M,
+) -> Result<(), BrokerError> {
+    let body = serde_json::to_vec(message).map_err(broker)?;
+    js.publish(subject.to_owned(), body.into())
+        .await
+        .map_err(broker)?
+        .await
+        .map_err(broker)?;
+    Ok(())
+}
+
+/// Settings of a [`JetStream`] consumer.
+pub struct JetStreamBuilder {
+    stream: String,
+    durable: String,
+    parking: String,
+    ack_wait: Duration,
+    batch: usize,
+}
+
+impl JetStreamBuilder {
+    /// How long the server waits for an ack before it redelivers (default
+    /// 30 s): above the longest handler run.
+    pub fn ack_wait(mut self, wait: Duration) -> Self {
+        self.ack_wait = wait;
+        self
+    }
+
+    /// Messages pulled at once (default 10). Pulled messages wait in this
+    /// process, and their ack wait runs meanwhile.
+    pub fn batch(mut self, n: usize) -> Self {
+        self.batch = n.max(1);
+        self
+    }
+
+    /// Creates the durable pull consumer if it does not exist, and starts
+    /// pulling.
+    pub async fn consume(self, js: &Context) -> Result<JetStream, BrokerError> {
+        let stream = js.get_stream(&self.stream).await.map_err(broker)?;
+        let consumer: async_nats::jetstream::consumer::Consumer<pull::Config> = stream
+            .get_or_create_consumer(
+                &self.durable,
+                pull::Config {
+                    durable_name: Some(self.durable.clone()),
+                    ack_policy: AckPolicy::Explicit,
+                    ack_wait: self.ack_wait,
+                    max_deliver: -1,
+                    ..pull::Config::default()
+                },
+            )
+            .await
+            .map_err(broker)?;
+        let messages = consumer
+            .stream()
+            .max_messages_per_batch(self.batch)
+            .messages()
+            .await
+            .map_err(broker)?;
+        Ok(JetStream {
+            js: js.clone(),
+            shared: Arc::new(Shared {
+                stream: self.stream,
+                parking: self.parking,
+                ack_wait: self.ack_wait,
+            }),
+            messages,
+        })
+    }
+}
+
+struct Shared {
+    stream: String,
+    parking: String,
+    ack_wait: Duration,
+}
+
+/// One puller of a durable JetStream consumer: a [`Source`] for
+/// [`super::Runner`].
+pub struct JetStream {
+    js: Context,
+    shared: Arc<Shared>,
+    messages: pull::Stream,
+}
+
+impl JetStream {
+    /// Pulls from the durable consumer `durable` of `stream`, parking to
+    /// `parking_subject`.
+    pub fn builder(stream: &str, durable: &str, parking_subject: &str) -> JetStreamBuilder {
+        JetStreamBuilder {
+            stream: stream.to_owned(),
+            durable: durable.to_owned(),
+            parking: parking_subject.to_owned(),
+            ack_wait: Duration::from_secs(30),
+            batch: 10,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Source for JetStream {
+    type Delivery = NatsDelivery;
+
+    async fn next(&mut self) -> Result<NatsDelivery, BrokerError> {
+        let message = match self.messages.next().await {
+            Some(m) => m.map_err(broker)?,
+            None => return Err(BrokerError::new("nats", "the pull subscription ended")),
+        };
+        let attempt = message
+            .info()
+            .map_err(|e| BrokerError::new("nats", e))?
+            .delivered
+            .clamp(1, i64::from(u32::MAX)) as u32;
+        Ok(NatsDelivery {
+            js: self.js.clone(),
+            shared: self.shared.clone(),
+            message,
+            attempt,
+        })
+    }
+}
+
+/// One message handed to this puller.
+pub struct NatsDelivery {
+    js: Context,
+    shared: Arc<Shared>,
+    message: jetstream::Message,
+    attempt: u32,
+}
+
+impl NatsDelivery {
+    async fn send(&self, kind: AckKind) -> Result<(), BrokerError> {
+        self.message
+            .ack_with(kind)
+            .await
+            .map_err(|e| BrokerError::new("nats", e))
+    }
+}
+
+#[async_trait::async_trait]
+impl Delivery for NatsDelivery {
+    fn payload(&self) -> Option<&[u8]> {
+        Some(&self.message.payload)
+    }
+
+    fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    async fn ack(self) -> Result<(), BrokerError> {
+        self.message
+            .double_ack()
+            .await
+            .map_err(|e| BrokerError::new("nats", e))
+    }
+
+    async fn retry(self, after: Duration) -> Result<(), BrokerError> {
+        self.send(AckKind::Nak(Some(after))).await
+    }
+
+    async fn defer(self, after: Duration) -> Result<Option<Self>, BrokerError> {
+        // Restart the ack wait while waiting, in slices shorter than it.
+        let slice = (self.shared.ack_wait / 2).max(Duration::from_millis(10));
+        let mut left = after;
+        while !left.is_zero() {
+            self.send(AckKind::Progress).await?;
+            let nap = left.min(slice);
+            tokio::time::sleep(nap).await;
+            left -= nap;
+        }
+        self.send(AckKind::Progress).await?;
+        Ok(Some(self))
+    }
+
+    async fn park(self, reason: &str) -> Result<(), BrokerError> {
+        let mut headers = self.message.headers.clone().unwrap_or_default();
+        headers.insert("Idem-Reason", reason);
+        headers.insert("Idem-Deliveries", self.attempt.to_string().as_str());
+        headers.insert("Idem-Stream", self.shared.stream.as_str());
+        self.js
+            .publish_with_headers(
+                self.shared.parking.clone(),
+                headers,
+                self.message.payload.clone(),
+            )
+            .await
+            .map_err(broker)?
+            .await
+            .map_err(broker)?;
+        self.send(AckKind::Term).await
+    }
+}

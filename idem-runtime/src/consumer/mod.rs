@@ -1,0 +1,655 @@
+//! Consumers: one runner that turns what an idempotent handler did into what
+//! the broker does with the message, the same way for every broker.
+//!
+//! | what the handler's call did | broker action | counts toward `max_deliveries` |
+//! |---|---|---|
+//! | ran and recorded `Ok`, or a stored final error (`final_err`) | ack | — |
+//! | replayed a recorded outcome (a duplicate) | ack | — |
+//! | `InProgress`: another delivery of the same key is running | redeliver after `in_progress_delay` | no |
+//! | a retryable `Err`, or the store could not claim or record | redeliver after a backoff; park at `max_deliveries` | yes |
+//! | `KeyReuse`, a stored result that no longer decodes | park at once | — |
+//! | the payload does not decode into the message type | park at once | — |
+//!
+//! The ack is sent only after the store has recorded the outcome: "process,
+//! then mark". Marking first would lose the message for good if the process
+//! died in between; acking after means a crash redelivers it, and the record
+//! turns the redelivery into a replay.
+//!
+//! The runner learns what the annotated call did from the protocol itself
+//! (the outcome it also counts in `idem_calls_total`), so the handler's error
+//! type needs nothing beyond `Debug`: no trait to implement, no wrapper to
+//! return. Write the handler as the attribute already wants it:
+//!
+//! ```
+//! use idem_runtime::consumer::{Acked, Action, Runner, testing::Memory};
+//! use idem_runtime::idempotent;
+//! use idem_runtime::store::memory::MemoryStore;
+//!
+//! #[derive(serde::Deserialize)]
+//! struct OrderPaid { order_id: String }
+//!
+//! #[derive(Debug)]
+//! enum SettleError { Idem(idem_runtime::Error) }
+//! impl From<idem_runtime::Error> for SettleError {
+//!     fn from(e: idem_runtime::Error) -> Self { SettleError::Idem(e) }
+//! }
+//!
+//! #[idempotent(consumer, event = "SETTLE", key = "e.order_id", scope = "doc.settle")]
+//! async fn settle(e: OrderPaid) -> Result<(), SettleError> {
+//!     Ok(()) // write the settlement
+//! }
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! idem_runtime::install(MemoryStore::new());
+//! let runner = Runner::new("doc.settle", "SETTLE");
+//! let msg = br#"{"order_id":"o-1"}"#;
+//! let first = runner.process(Memory::new(msg), &settle).await.unwrap();
+//! let again = runner.process(Memory::new(msg), &settle).await.unwrap();
+//! assert_eq!(first, Action::Acked(Acked::Processed));
+//! assert_eq!(again, Action::Acked(Acked::Deduplicated));
+//! # });
+//! ```
+//!
+//! Each broker is a [`Source`] of [`Delivery`]s: `redis_streams` (feature
+//! `consumer-redis`), `rabbitmq` (feature `rabbitmq`) and `jetstream` (feature
+//! `nats`). Another broker needs only those two traits.
+
+#[cfg(feature = "nats")]
+pub mod jetstream;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
+#[cfg(feature = "consumer-redis")]
+pub mod redis_streams;
+
+use std::cell::Cell;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+
+use crate::error::CodecError;
+use crate::observe::CallOutcome;
+use crate::spec::{Kind, Spec};
+
+/// What the protocol said about the last call made by the handler's task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Noted {
+    Call(CallOutcome),
+    /// The body ran, but a newer owner had taken the key over: its record stands.
+    Fenced,
+    /// The handler rolled back what the call recorded ([`rolled_back`]).
+    RolledBack,
+}
+
+tokio::task_local! {
+    static PROBE: Cell<Option<Noted>>;
+}
+
+/// Called by `observe` for every call outcome. The outermost annotated call
+/// finishes last, so the value left behind is the handler's own outcome, not
+/// that of a call nested in its body; steps never speak for the handler.
+pub(crate) fn note(spec: &Spec, outcome: CallOutcome) {
+    if spec.kind != Kind::Step {
+        let _ = PROBE.try_with(|p| p.set(Some(Noted::Call(outcome))));
+    }
+}
+
+/// Called by `observe` when a completion was fenced off.
+pub(crate) fn note_fenced(spec: &Spec) {
+    if spec.kind != Kind::Step {
+        let _ = PROBE.try_with(|p| p.set(Some(Noted::Fenced)));
+    }
+}
+
+/// Tells the runner that what the handler's annotated call recorded did not
+/// last: the caller's transaction carrying the record (`tx = tx`) failed to
+/// commit. The delivery then counts as a retryable failure instead of being
+/// acked on a record that does not exist.
+///
+/// ```
+/// # struct Tx; impl Tx { async fn commit(self) -> Result<(), std::io::Error> { Ok(()) } }
+/// # async fn handler(tx: Tx) -> Result<(), std::io::Error> {
+/// // let mut tx = pool.begin().await?;
+/// // settle(&mut tx, e).await?;   // #[idempotent(consumer, tx = tx, …)]
+/// if let Err(e) = tx.commit().await {
+///     idem_runtime::consumer::rolled_back();
+///     return Err(e);
+/// }
+/// # Ok(()) }
+/// ```
+pub fn rolled_back() {
+    let _ = PROBE.try_with(|p| p.set(Some(Noted::RolledBack)));
+}
+
+async fn probed<F: Future>(fut: F) -> (F::Output, Option<Noted>) {
+    PROBE
+        .scope(Cell::new(None), async move {
+            let out = fut.await;
+            (out, PROBE.with(Cell::get))
+        })
+        .await
+}
+
+/// A broker failed to take an ack, a redelivery or a parked copy (or to hand
+/// out the next message). The message is then redelivered by the broker, and
+/// the record turns that redelivery into a replay.
+#[derive(Debug)]
+pub struct BrokerError {
+    broker: &'static str,
+    source: Box<dyn std::error::Error + Send + Sync + 'static>,
+}
+
+impl BrokerError {
+    /// Wraps a client error.
+    ///
+    /// ```
+    /// let e = idem_runtime::consumer::BrokerError::new("redis", std::io::Error::other("reset"));
+    /// assert_eq!(e.to_string(), "broker redis: reset");
+    /// ```
+    pub fn new(
+        broker: &'static str,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Self {
+        BrokerError {
+            broker,
+            source: source.into(),
+        }
+    }
+
+    /// The broker's name.
+    pub fn broker(&self) -> &'static str {
+        self.broker
+    }
+}
+
+impl fmt::Display for BrokerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "broker {}: {}", self.broker, self.source)
+    }
+}
+
+impl std::error::Error for BrokerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+/// One delivered message and what the broker can do with it: the page of
+/// code a broker adapter is.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_runtime::consumer::{BrokerError, Delivery};
+///
+/// /// A queue that is a `Vec`: enough to show the shape.
+/// struct VecDelivery { body: Vec<u8>, attempt: u32, log: std::sync::Arc<std::sync::Mutex<Vec<String>>> }
+///
+/// #[async_trait::async_trait]
+/// impl Delivery for VecDelivery {
+///     fn payload(&self) -> Option<&[u8]> { Some(&self.body) }
+///     fn attempt(&self) -> u32 { self.attempt }
+///     async fn ack(self) -> Result<(), BrokerError> { self.log.lock().unwrap().push("ack".into()); Ok(()) }
+///     async fn retry(self, after: Duration) -> Result<(), BrokerError> {
+///         self.log.lock().unwrap().push(format!("retry in {after:?}")); Ok(())
+///     }
+///     async fn defer(self, after: Duration) -> Result<Option<Self>, BrokerError> {
+///         self.log.lock().unwrap().push(format!("defer {after:?}")); Ok(None)
+///     }
+///     async fn park(self, reason: &str) -> Result<(), BrokerError> {
+///         self.log.lock().unwrap().push(format!("park: {reason}")); Ok(())
+///     }
+/// }
+/// ```
+#[async_trait::async_trait]
+pub trait Delivery: Send + Sized {
+    /// The message body (JSON of the handler's message type), or `None` when
+    /// the message has no body this adapter recognises (it is parked).
+    fn payload(&self) -> Option<&[u8]>;
+
+    /// The counted delivery this is, from 1: failed attempts and crashes of a
+    /// consumer holding it count, `InProgress` redeliveries do not.
+    fn attempt(&self) -> u32;
+
+    /// The outcome is recorded: remove the message for good.
+    async fn ack(self) -> Result<(), BrokerError>;
+
+    /// A counted failure: deliver it again, to any consumer, no sooner than
+    /// `after` (never an immediate requeue, which turns a hot failure into a
+    /// busy loop).
+    async fn retry(self, after: Duration) -> Result<(), BrokerError>;
+
+    /// `InProgress`: deliver it again no sooner than `after` without counting
+    /// a failure. A broker that cannot delay a redelivery without counting it
+    /// keeps the message instead, waits `after` (telling the broker it is still
+    /// being worked on) and returns it, and the runner runs it again.
+    async fn defer(self, after: Duration) -> Result<Option<Self>, BrokerError>;
+
+    /// Move it where an operator sees it (a dead-letter queue, a parking
+    /// stream), with the reason, and remove it from the live queue.
+    async fn park(self, reason: &str) -> Result<(), BrokerError>;
+}
+
+/// Where deliveries come from: a consumer in a group, a queue subscription.
+#[async_trait::async_trait]
+pub trait Source: Send {
+    /// What this source hands out.
+    type Delivery: Delivery;
+
+    /// The next delivery, waiting for one.
+    async fn next(&mut self) -> Result<Self::Delivery, BrokerError>;
+}
+
+/// Why a message was acked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acked {
+    /// The handler's body ran and its result was recorded.
+    Processed,
+    /// A recorded outcome was replayed: a duplicate or a redelivery.
+    Deduplicated,
+    /// The body ran and returned an error its `final_err` stores: recorded
+    /// like a success, and replayed to duplicates.
+    FinalError,
+}
+
+/// What the runner did with one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Action {
+    /// Acked after the outcome was recorded.
+    Acked(Acked),
+    /// A counted failure, redelivered after `after`.
+    Retried {
+        /// The backoff.
+        after: Duration,
+        /// The counted delivery that failed.
+        attempt: u32,
+    },
+    /// `InProgress`: redelivered after `after`, not counted as a failure.
+    Deferred {
+        /// The delay.
+        after: Duration,
+    },
+    /// Parked where an operator sees it.
+    Parked {
+        /// Why.
+        reason: String,
+    },
+}
+
+#[derive(Default)]
+struct Counters {
+    delivered: AtomicU64,
+    acked: AtomicU64,
+    processed: AtomicU64,
+    deduplicated: AtomicU64,
+    final_errors: AtomicU64,
+    retried: AtomicU64,
+    deferred: AtomicU64,
+    parked: AtomicU64,
+}
+
+/// What one [`Runner`] (and its clones) did so far; the same numbers go to the
+/// `metrics` facade.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Deliveries handed to the handler (a delivery kept and run again after
+    /// `InProgress` counts again).
+    pub delivered: u64,
+    /// Messages acked.
+    pub acked: u64,
+    /// Acked after the body ran.
+    pub processed: u64,
+    /// Acked after a replay.
+    pub deduplicated: u64,
+    /// Acked after a stored final error.
+    pub final_errors: u64,
+    /// Redelivered after a counted failure.
+    pub retried: u64,
+    /// Redelivered after `InProgress`, not counted as failures.
+    pub deferred: u64,
+    /// Parked.
+    pub parked: u64,
+}
+
+impl Stats {
+    /// Redeliveries of either kind.
+    pub fn redelivered(&self) -> u64 {
+        self.retried + self.deferred
+    }
+}
+
+/// Maps a handler's outcome to a broker action, counts it, and carries it out.
+///
+/// `scope` and `event` label the metrics (`idem_consumer_*_total{scope,
+/// event}`); give the attribute's. Cloning shares the counters.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_runtime::consumer::Runner;
+///
+/// let runner = Runner::new("settlement.on_order_paid", "SETTLE")
+///     .max_deliveries(5)
+///     .backoff(Duration::from_secs(1), Duration::from_secs(30))
+///     .in_progress_delay(Duration::from_secs(2));
+/// assert_eq!(runner.stats().delivered, 0);
+/// ```
+#[derive(Clone)]
+pub struct Runner {
+    scope: &'static str,
+    event: &'static str,
+    max_deliveries: u32,
+    first_backoff: Duration,
+    max_backoff: Duration,
+    in_progress_delay: Duration,
+    counters: Arc<Counters>,
+}
+
+impl Runner {
+    /// A runner with the defaults: 5 counted deliveries, backoff from 1 s
+    /// doubling to 30 s, `InProgress` redelivered after 2 s.
+    pub fn new(scope: &'static str, event: &'static str) -> Runner {
+        Runner {
+            scope,
+            event,
+            max_deliveries: 5,
+            first_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(30),
+            in_progress_delay: Duration::from_secs(2),
+            counters: Arc::default(),
+        }
+    }
+
+    /// How many counted deliveries a message gets before it is parked (at
+    /// least 1).
+    pub fn max_deliveries(mut self, n: u32) -> Runner {
+        self.max_deliveries = n.max(1);
+        self
+    }
+
+    /// The delay after the first failure, doubling per failure up to `max`.
+    pub fn backoff(mut self, first: Duration, max: Duration) -> Runner {
+        self.first_backoff = first;
+        self.max_backoff = max.max(first);
+        self
+    }
+
+    /// How long an `InProgress` message waits before it is delivered again:
+    /// about as long as the handler usually takes.
+    pub fn in_progress_delay(mut self, delay: Duration) -> Runner {
+        self.in_progress_delay = delay;
+        self
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> Stats {
+        let c = &*self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Stats {
+            delivered: get(&c.delivered),
+            acked: get(&c.acked),
+            processed: get(&c.processed),
+            deduplicated: get(&c.deduplicated),
+            final_errors: get(&c.final_errors),
+            retried: get(&c.retried),
+            deferred: get(&c.deferred),
+            parked: get(&c.parked),
+        }
+    }
+
+    /// The backoff after the `attempt`-th counted failure.
+    fn backoff_for(&self, attempt: u32) -> Duration {
+        let doublings = attempt.saturating_sub(1).min(31);
+        self.first_backoff
+            .saturating_mul(1u32 << doublings)
+            .min(self.max_backoff)
+    }
+
+    /// Runs `handler` on one delivery and does with the message what its
+    /// outcome says (see the module documentation). The handler is the
+    /// annotated function itself, or a closure around it.
+    ///
+    /// An `Err` is only a broker failure; the handler's own errors become
+    /// redeliveries or parked messages.
+    pub async fn process<D, M, T, E, H, Fut>(
+        &self,
+        delivery: D,
+        handler: &H,
+    ) -> Result<Action, BrokerError>
+    where
+        D: Delivery,
+        M: DeserializeOwned,
+        H: Fn(M) -> Fut + ?Sized,
+        Fut: Future<Output = Result<T, E>>,
+        E: fmt::Debug,
+    {
+        let mut delivery = delivery;
+        loop {
+            self.count(&self.counters.delivered, "idem_consumer_delivered_total");
+            let attempt = delivery.attempt();
+            let decision = match delivery.payload().map(serde_json::from_slice::<M>) {
+                None => Decision::Park("undecodable: the message has no payload".to_owned()),
+                // The reason keeps serde's category and position, not the
+                // value: message bodies hold customers' data and reasons end
+                // up in logs and parking streams.
+                Some(Err(e)) => Decision::Park(format!("undecodable: {}", CodecError::from(e))),
+                Some(Ok(message)) => {
+                    let (result, noted) = probed(handler(message)).await;
+                    self.decide(&result, noted, attempt)
+                }
+            };
+            match decision {
+                Decision::Ack(why) => {
+                    delivery.ack().await?;
+                    self.count(&self.counters.acked, "idem_consumer_acked_total");
+                    match why {
+                        Acked::Processed => {
+                            self.count(&self.counters.processed, "idem_consumer_processed_total")
+                        }
+                        Acked::Deduplicated => self.count(
+                            &self.counters.deduplicated,
+                            "idem_consumer_deduplicated_total",
+                        ),
+                        Acked::FinalError => self.count(
+                            &self.counters.final_errors,
+                            "idem_consumer_final_errors_total",
+                        ),
+                    }
+                    return Ok(Action::Acked(why));
+                }
+                Decision::Retry(after) => {
+                    delivery.retry(after).await?;
+                    self.counters.retried.fetch_add(1, Ordering::Relaxed);
+                    self.redelivered("failed");
+                    return Ok(Action::Retried { after, attempt });
+                }
+                Decision::Defer(after) => {
+                    self.counters.deferred.fetch_add(1, Ordering::Relaxed);
+                    self.redelivered("in_progress");
+                    match delivery.defer(after).await? {
+                        None => return Ok(Action::Deferred { after }),
+                        Some(kept) => delivery = kept,
+                    }
+                }
+                Decision::Park(reason) => {
+                    tracing::warn!(scope = self.scope, event = self.event, attempt, %reason, "parking a message");
+                    delivery.park(&reason).await?;
+                    self.count(&self.counters.parked, "idem_consumer_parked_total");
+                    return Ok(Action::Parked { reason });
+                }
+            }
+        }
+    }
+
+    /// Takes deliveries from `source` and processes them one at a time, until
+    /// the broker fails.
+    pub async fn run<S, M, T, E, H, Fut>(&self, mut source: S, handler: H) -> BrokerError
+    where
+        S: Source,
+        M: DeserializeOwned,
+        H: Fn(M) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        E: fmt::Debug,
+    {
+        loop {
+            let step = match source.next().await {
+                Ok(delivery) => self.process(delivery, &handler).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = step {
+                return e;
+            }
+        }
+    }
+
+    fn decide<T, E: fmt::Debug>(
+        &self,
+        result: &Result<T, E>,
+        noted: Option<Noted>,
+        attempt: u32,
+    ) -> Decision {
+        use CallOutcome as O;
+        let failed = |why: String| {
+            if attempt >= self.max_deliveries {
+                Decision::Park(format!(
+                    "failed {attempt} counted deliveries; the last: {why}"
+                ))
+            } else {
+                Decision::Retry(self.backoff_for(attempt))
+            }
+        };
+        match (noted, result) {
+            (Some(Noted::Call(O::Replayed | O::ReplayedUnstored)), _) => {
+                Decision::Ack(Acked::Deduplicated)
+            }
+            (Some(Noted::Call(O::Executed)), Ok(_)) => Decision::Ack(Acked::Processed),
+            // Completion only happens for `Err` when `final_err` stored it.
+            (Some(Noted::Call(O::Executed)), Err(_)) => Decision::Ack(Acked::FinalError),
+            // The body ran and a newer owner holds the record: it acks its own
+            // delivery, and this one is done.
+            (Some(Noted::Fenced), _) => Decision::Ack(Acked::Processed),
+            (Some(Noted::RolledBack), r) => failed(match r {
+                Err(e) => format!("{e:?}"),
+                Ok(_) => "the handler's transaction was rolled back".to_owned(),
+            }),
+            (Some(Noted::Call(O::InProgress)), _) => Decision::Defer(self.in_progress_delay),
+            // Never going to succeed as it is: an operator has to look.
+            (Some(Noted::Call(O::KeyReuse | O::CodecError | O::NotInTransaction)), r) => {
+                Decision::Park(match r {
+                    Err(e) => format!("{e:?}"),
+                    Ok(_) => "the handler's idempotent call refused it".to_owned(),
+                })
+            }
+            // Not recorded (the store failed to claim or to complete): no ack,
+            // or a crash now would lose the record and the message together.
+            (Some(Noted::Call(O::StoreError)), r) => failed(match r {
+                Err(e) => format!("{e:?}"),
+                Ok(_) => "the store could not record the outcome".to_owned(),
+            }),
+            // A handler without the attribute, or one whose nested calls
+            // failed but which recovered: its own result decides.
+            (_, Ok(_)) => Decision::Ack(Acked::Processed),
+            (_, Err(e)) => failed(format!("{e:?}")),
+        }
+    }
+
+    fn count(&self, counter: &AtomicU64, name: &'static str) {
+        counter.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(name, "scope" => self.scope, "event" => self.event).increment(1);
+    }
+
+    fn redelivered(&self, reason: &'static str) {
+        metrics::counter!("idem_consumer_redelivered_total", "scope" => self.scope, "event" => self.event, "reason" => reason)
+            .increment(1);
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Decision {
+    Ack(Acked),
+    Retry(Duration),
+    Defer(Duration),
+    Park(String),
+}
+
+/// In-process deliveries for examples and unit tests of handlers.
+pub mod testing {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use super::{BrokerError, Delivery};
+
+    /// A delivery that remembers what was done with it.
+    ///
+    /// ```
+    /// use idem_runtime::consumer::testing::Memory;
+    /// let d = Memory::new(b"{}");
+    /// let log = d.log();
+    /// assert!(log.lock().unwrap().is_empty());
+    /// ```
+    pub struct Memory {
+        body: Vec<u8>,
+        attempt: u32,
+        log: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl Memory {
+        /// A first delivery of `body`.
+        pub fn new(body: &[u8]) -> Memory {
+            Memory {
+                body: body.to_vec(),
+                attempt: 1,
+                log: Arc::default(),
+            }
+        }
+
+        /// The same, as its `attempt`-th counted delivery.
+        pub fn attempt(mut self, attempt: u32) -> Memory {
+            self.attempt = attempt;
+            self
+        }
+
+        /// What was done with it: `ack`, `retry <delay>`, `defer <delay>`,
+        /// `park <reason>`.
+        pub fn log(&self) -> Arc<Mutex<Vec<String>>> {
+            self.log.clone()
+        }
+
+        fn push(&self, what: String) {
+            self.log.lock().expect("log lock").push(what);
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Delivery for Memory {
+        fn payload(&self) -> Option<&[u8]> {
+            Some(&self.body)
+        }
+
+        fn attempt(&self) -> u32 {
+            self.attempt
+        }
+
+        async fn ack(self) -> Result<(), BrokerError> {
+            self.push("ack".into());
+            Ok(())
+        }
+
+        async fn retry(self, after: Duration) -> Result<(), BrokerError> {
+            self.push(format!("retry {after:?}"));
+            Ok(())
+        }
+
+        async fn defer(self, after: Duration) -> Result<Option<Self>, BrokerError> {
+            self.push(format!("defer {after:?}"));
+            Ok(None)
+        }
+
+        async fn park(self, reason: &str) -> Result<(), BrokerError> {
+            self.push(format!("park {reason}"));
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,360 @@
+//! Redis Streams consumer groups (feature `consumer-redis`).
+//!
+//! - New entries come from `XREADGROUP … >`; an entry is acked (`XACK`) only
+//!   after the handler's outcome is recorded.
+//! - Entries left pending on a consumer that died (or that was slower than
+//!   `claim_idle`) are taken over with `XAUTOCLAIM`, which counts a delivery.
+//! - A redelivery later is the entry left pending with its idle time set back
+//!   (`XCLAIM … IDLE … RETRYCOUNT … JUSTID`), so any consumer's `XAUTOCLAIM`
+//!   takes it when the delay is over. `RETRYCOUNT` keeps Redis's delivery
+//!   counter equal to the counted deliveries: an `InProgress` redelivery sets
+//!   it one back, so the takeover that follows does not count.
+//! - A parked entry is copied to the parking stream (`<stream>:parked` unless
+//!   set) with its reason, and acked, in one `MULTI`.
+//!
+//! Delays are capped at `claim_idle`: Redis measures them as idle time.
+//!
+//! ```no_run
+//! use idem_runtime::consumer::Runner;
+//! use idem_runtime::consumer::redis_streams::RedisStreams;
+//!
+//! # #[derive(serde::Serialize, serde::Deserialize)] struct OrderPaid { order_id: String }
+//! # async fn settle(e: OrderPaid) -> Result<(), std::io::Error> { Ok(()) }
+//! # async fn go() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = redis::Client::open("redis://127.0.0.1:6379")?;
+//! let source = RedisStreams::builder("orders", "settlement", "worker-1").connect(&client).await?;
+//! let runner = Runner::new("settlement.on_order_paid", "SETTLE");
+//! let err = runner.run(source, settle).await; // returns only when Redis fails
+//! # Ok(()) }
+//! ```
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::streams::{StreamAutoClaimReply, StreamId, StreamPendingCountReply, StreamReadReply};
+use redis::{AsyncConnectionConfig, Client, RedisError, Value};
+use serde::Serialize;
+
+use super::{BrokerError, Delivery, Source};
+
+/// The entry field holding the JSON message.
+pub const PAYLOAD_FIELD: &str = "payload";
+
+fn broker(e: RedisError) -> BrokerError {
+    BrokerError::new("redis", e)
+}
+
+/// Appends `message` as JSON to `stream` (in the field [`PAYLOAD_FIELD`]) and
+/// returns the entry id.
+pub async fn publish<C, M>(conn: &mut C, stream: &str, message: &M) -> Result<String, BrokerError>
+where
+    C: redis::aio::ConnectionLike + Send,
+    M: Serialize + ?Sized,
+{
+    let body = serde_json::to_vec(message).map_err(|e| BrokerError::new("redis", e))?;
+    redis::cmd("XADD")
+        .arg(stream)
+        .arg("*")
+        .arg(PAYLOAD_FIELD)
+        .arg(body)
+        .query_async(conn)
+        .await
+        .map_err(broker)
+}
+
+struct Names {
+    stream: String,
+    group: String,
+    consumer: String,
+    parking: String,
+    claim_idle: Duration,
+}
+
+/// Settings of a [`RedisStreams`] consumer.
+pub struct RedisStreamsBuilder {
+    names: Names,
+    block: Duration,
+    batch: usize,
+}
+
+impl RedisStreamsBuilder {
+    /// Where parked entries go (default `<stream>:parked`).
+    pub fn parking_stream(mut self, stream: impl Into<String>) -> Self {
+        self.names.parking = stream.into();
+        self
+    }
+
+    /// How long an entry stays pending on a consumer before another takes it
+    /// over (default 30 s). Longer than the handler ever takes; also the cap on
+    /// redelivery delays.
+    pub fn claim_idle(mut self, idle: Duration) -> Self {
+        self.names.claim_idle = idle;
+        self
+    }
+
+    /// How long one `XREADGROUP` waits for new entries (default 1 s); also how
+    /// often due redeliveries are looked for when the stream is quiet.
+    pub fn block(mut self, block: Duration) -> Self {
+        self.block = block;
+        self
+    }
+
+    /// Entries read at once (default 10).
+    pub fn batch(mut self, n: usize) -> Self {
+        self.batch = n.max(1);
+        self
+    }
+
+    /// Opens a connection of its own (a blocking read must not stall a store
+    /// sharing the connection) and creates the group, reading from the start
+    /// of the stream, if it does not exist.
+    pub async fn connect(self, client: &Client) -> Result<RedisStreams, BrokerError> {
+        let config = AsyncConnectionConfig::new()
+            .set_response_timeout(Some(self.block + Duration::from_secs(10)));
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(broker)?;
+        let created: Result<Value, RedisError> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&self.names.stream)
+            .arg(&self.names.group)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(&mut conn)
+            .await;
+        match created {
+            Ok(_) => {}
+            Err(e) if e.code() == Some("BUSYGROUP") => {}
+            Err(e) => return Err(broker(e)),
+        }
+        Ok(RedisStreams {
+            conn,
+            names: Arc::new(self.names),
+            block: self.block,
+            batch: self.batch,
+            cursor: "0-0".to_owned(),
+            buffer: VecDeque::new(),
+        })
+    }
+}
+
+/// One consumer of a Redis Streams consumer group: a [`Source`] for
+/// [`super::Runner`].
+pub struct RedisStreams {
+    conn: MultiplexedConnection,
+    names: Arc<Names>,
+    block: Duration,
+    batch: usize,
+    cursor: String,
+    buffer: VecDeque<RedisDelivery>,
+}
+
+impl RedisStreams {
+    /// A consumer named `consumer` in `group` on `stream`. Names must be
+    /// unique per live process: two processes under one name share pending
+    /// entries.
+    pub fn builder(stream: &str, group: &str, consumer: &str) -> RedisStreamsBuilder {
+        RedisStreamsBuilder {
+            names: Names {
+                stream: stream.to_owned(),
+                group: group.to_owned(),
+                consumer: consumer.to_owned(),
+                parking: format!("{stream}:parked"),
+                claim_idle: Duration::from_secs(30),
+            },
+            block: Duration::from_secs(1),
+            batch: 10,
+        }
+    }
+
+    fn delivery(&self, entry: StreamId, attempt: u32) -> RedisDelivery {
+        let payload = entry.get::<Vec<u8>>(PAYLOAD_FIELD);
+        RedisDelivery {
+            conn: self.conn.clone(),
+            names: self.names.clone(),
+            id: entry.id,
+            payload,
+            attempt,
+        }
+    }
+
+    /// Entries pending on any consumer for longer than `claim_idle`: dead
+    /// consumers' entries and redeliveries whose delay is over.
+    async fn take_over(&mut self) -> Result<(), BrokerError> {
+        let n = &self.names;
+        let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
+            .arg(&n.stream)
+            .arg(&n.group)
+            .arg(&n.consumer)
+            .arg(n.claim_idle.as_millis() as u64)
+            .arg(&self.cursor)
+            .arg("COUNT")
+            .arg(self.batch)
+            .query_async(&mut self.conn)
+            .await
+            .map_err(broker)?;
+        self.cursor = reply.next_stream_id;
+        for entry in reply.claimed {
+            // The claim counted this delivery; the counter is the attempt.
+            let pending: StreamPendingCountReply = redis::cmd("XPENDING")
+                .arg(&self.names.stream)
+                .arg(&self.names.group)
+                .arg(&entry.id)
+                .arg(&entry.id)
+                .arg(1)
+                .query_async(&mut self.conn)
+                .await
+                .map_err(broker)?;
+            let attempt = pending
+                .ids
+                .first()
+                .map_or(1, |p| p.times_delivered.max(1) as u32);
+            let d = self.delivery(entry, attempt);
+            self.buffer.push_back(d);
+        }
+        Ok(())
+    }
+
+    async fn read_new(&mut self) -> Result<(), BrokerError> {
+        let n = &self.names;
+        let reply: Option<StreamReadReply> = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(&n.group)
+            .arg(&n.consumer)
+            .arg("COUNT")
+            .arg(self.batch)
+            .arg("BLOCK")
+            .arg(self.block.as_millis() as u64)
+            .arg("STREAMS")
+            .arg(&n.stream)
+            .arg(">")
+            .query_async(&mut self.conn)
+            .await
+            .map_err(broker)?;
+        for key in reply.map(|r| r.keys).unwrap_or_default() {
+            for entry in key.ids {
+                let d = self.delivery(entry, 1);
+                self.buffer.push_back(d);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Source for RedisStreams {
+    type Delivery = RedisDelivery;
+
+    async fn next(&mut self) -> Result<RedisDelivery, BrokerError> {
+        loop {
+            if let Some(d) = self.buffer.pop_front() {
+                return Ok(d);
+            }
+            // Redeliveries first: they have waited longest.
+            self.take_over().await?;
+            if self.buffer.is_empty() {
+                self.read_new().await?;
+            }
+        }
+    }
+}
+
+/// One stream entry handed to this consumer.
+pub struct RedisDelivery {
+    conn: MultiplexedConnection,
+    names: Arc<Names>,
+    id: String,
+    payload: Option<Vec<u8>>,
+    attempt: u32,
+}
+
+impl RedisDelivery {
+    /// The entry id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Leaves the entry pending on this consumer, due for `XAUTOCLAIM` after
+    /// `after`, with Redis's delivery counter set to `count`.
+    async fn pend(mut self, after: Duration, count: u32) -> Result<(), BrokerError> {
+        let n = &self.names;
+        let idle = n.claim_idle.saturating_sub(after);
+        let _: Value = redis::cmd("XCLAIM")
+            .arg(&n.stream)
+            .arg(&n.group)
+            .arg(&n.consumer)
+            .arg(0)
+            .arg(&self.id)
+            .arg("IDLE")
+            .arg(idle.as_millis() as u64)
+            .arg("RETRYCOUNT")
+            .arg(count)
+            .arg("JUSTID")
+            .query_async(&mut self.conn)
+            .await
+            .map_err(broker)?;
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Delivery for RedisDelivery {
+    fn payload(&self) -> Option<&[u8]> {
+        self.payload.as_deref()
+    }
+
+    fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    async fn ack(mut self) -> Result<(), BrokerError> {
+        let _: i64 = redis::cmd("XACK")
+            .arg(&self.names.stream)
+            .arg(&self.names.group)
+            .arg(&self.id)
+            .query_async(&mut self.conn)
+            .await
+            .map_err(broker)?;
+        Ok(())
+    }
+
+    async fn retry(self, after: Duration) -> Result<(), BrokerError> {
+        let count = self.attempt;
+        self.pend(after, count).await
+    }
+
+    async fn defer(self, after: Duration) -> Result<Option<Self>, BrokerError> {
+        let count = self.attempt.saturating_sub(1);
+        self.pend(after, count).await.map(|()| None)
+    }
+
+    async fn park(mut self, reason: &str) -> Result<(), BrokerError> {
+        let n = &self.names;
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .cmd("XADD")
+            .arg(&n.parking)
+            .arg("*")
+            .arg(PAYLOAD_FIELD)
+            .arg(self.payload.as_deref().unwrap_or_default())
+            .arg("reason")
+            .arg(reason)
+            .arg("stream")
+            .arg(&n.stream)
+            .arg("id")
+            .arg(&self.id)
+            .arg("deliveries")
+            .arg(self.attempt)
+            .ignore()
+            .cmd("XACK")
+            .arg(&n.stream)
+            .arg(&n.group)
+            .arg(&self.id)
+            .ignore();
+        let _: () = pipe.query_async(&mut self.conn).await.map_err(broker)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,157 @@
+//! The consumer scenarios on NATS JetStream (`IDEM_NATS_URL`), each on a
+//! stream and a parking stream of its own that it deletes at the end.
+
+#[path = "consumer_common.rs"]
+mod common;
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, Context, stream};
+use common::*;
+use futures_util::StreamExt;
+use idem_runtime::consumer::jetstream::JetStream;
+use idem_tests::services;
+
+struct Nats {
+    url: String,
+    js: Context,
+    stream: String,
+    subject: String,
+}
+
+impl Nats {
+    async fn new() -> Option<Nats> {
+        let url = services::nats_url();
+        let client = services::reachable("NATS", &url, async_nats::connect(url.as_str()).await)?;
+        let js = jetstream::new(client);
+        let name = format!("IDEM_TEST_{}", suffix().to_uppercase());
+        let subject = format!("idem-test.{name}");
+        for (stream, subject) in [
+            (name.clone(), subject.clone()),
+            (format!("{name}_PARKED"), format!("{subject}.parked")),
+        ] {
+            js.create_stream(stream::Config {
+                name: stream,
+                subjects: vec![subject],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        }
+        Some(Nats {
+            url,
+            js,
+            stream: name,
+            subject,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl Broker for Nats {
+    type Src = JetStream;
+
+    async fn publish_raw(&self, body: Vec<u8>) {
+        self.js
+            .publish(self.subject.clone(), body.into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+
+    async fn consumer(&self, _name: &str) -> JetStream {
+        // A connection per consumer, as separate processes would have. The
+        // ack wait is short so a dead consumer's message comes back quickly.
+        let client = async_nats::connect(self.url.as_str()).await.unwrap();
+        JetStream::builder(
+            &self.stream,
+            "settlement",
+            &format!("{}.parked", self.subject),
+        )
+        .ack_wait(Duration::from_secs(2))
+        .consume(&jetstream::new(client))
+        .await
+        .unwrap()
+    }
+
+    async fn parked(&self) -> Vec<String> {
+        let mut parked = self
+            .js
+            .get_stream(format!("{}_PARKED", self.stream))
+            .await
+            .unwrap();
+        let n = parked.info().await.unwrap().state.messages;
+        let consumer: jetstream::consumer::PullConsumer = parked
+            .create_consumer(jetstream::consumer::pull::Config::default())
+            .await
+            .unwrap();
+        let mut batch = consumer
+            .fetch()
+            .max_messages(n as usize)
+            .messages()
+            .await
+            .unwrap();
+        let mut reasons = Vec::new();
+        while let Some(m) = batch.next().await {
+            let m = m.unwrap();
+            reasons.push(
+                m.headers
+                    .as_ref()
+                    .and_then(|h| h.get("Idem-Reason"))
+                    .map(|v| v.to_string())
+                    .unwrap_or_default(),
+            );
+        }
+        reasons
+    }
+
+    async fn drained(&self) -> bool {
+        let stream = self.js.get_stream(&self.stream).await.unwrap();
+        let info = stream.consumer_info("settlement").await.unwrap();
+        info.num_pending == 0 && info.num_ack_pending == 0
+    }
+
+    async fn cleanup(&self) {
+        let _ = self.js.delete_stream(&self.stream).await;
+        let _ = self
+            .js
+            .delete_stream(format!("{}_PARKED", self.stream))
+            .await;
+    }
+}
+
+#[tokio::test]
+async fn duplicate_publish_is_processed_once() {
+    let Some(b) = Nats::new().await else { return };
+    common::duplicate_publish_is_processed_once(b).await;
+}
+
+#[tokio::test]
+async fn dead_consumer_is_taken_over() {
+    let Some(b) = Nats::new().await else { return };
+    common::dead_consumer_is_taken_over(b).await;
+}
+
+#[tokio::test]
+async fn replay_a_day_later_is_deduplicated() {
+    let Some(b) = Nats::new().await else { return };
+    common::replay_a_day_later_is_deduplicated(b).await;
+}
+
+#[tokio::test]
+async fn poison_is_parked() {
+    let Some(b) = Nats::new().await else { return };
+    common::poison_is_parked(b).await;
+}
+
+#[tokio::test]
+async fn two_consumers_settle_each_order_once() {
+    let Some(b) = Nats::new().await else { return };
+    common::two_consumers_settle_each_order_once(b).await;
+}
+
+#[test]
+fn in_progress_is_not_a_failure() {
+    common::in_progress_is_not_a_failure(Nats::new());
+}

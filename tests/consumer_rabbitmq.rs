@@ -1,0 +1,190 @@
+//! The consumer scenarios on RabbitMQ (`IDEM_RABBITMQ_URL`), each on queues of
+//! its own that it deletes at the end.
+
+#[path = "consumer_common.rs"]
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use common::*;
+use futures_util::StreamExt;
+use idem_runtime::consumer::rabbitmq::{self, RabbitMq};
+use idem_tests::services;
+use lapin::options::{BasicConsumeOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Channel, Connection};
+
+struct Rabbit {
+    conn: Connection,
+    channel: Channel,
+    queue: String,
+    /// Each consumer's own connection, so `kill` can cut it.
+    consumers: Mutex<HashMap<String, Connection>>,
+}
+
+impl Rabbit {
+    async fn new() -> Option<Rabbit> {
+        let url = services::rabbitmq_url();
+        let conn = services::reachable("RabbitMQ", &url, rabbitmq::connect(&url).await)?;
+        let channel = conn.create_channel().await.unwrap();
+        let queue = format!("idem-test-consumer-{}", suffix());
+        RabbitMq::declare(&channel, &queue).await.unwrap();
+        channel.confirm_select(Default::default()).await.unwrap();
+        Some(Rabbit {
+            conn,
+            channel,
+            queue,
+            consumers: Mutex::default(),
+        })
+    }
+
+    async fn ready(&self, queue: &str) -> u32 {
+        let q = self
+            .channel
+            .queue_declare(
+                queue,
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        q.message_count()
+    }
+}
+
+#[async_trait::async_trait]
+impl Broker for Rabbit {
+    type Src = RabbitMq;
+
+    async fn publish_raw(&self, body: Vec<u8>) {
+        let props = lapin::BasicProperties::default().with_delivery_mode(2);
+        self.channel
+            .basic_publish("", &self.queue, Default::default(), &body, props)
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+
+    async fn consumer(&self, name: &str) -> RabbitMq {
+        let conn = rabbitmq::connect(&services::rabbitmq_url()).await.unwrap();
+        let channel = conn.create_channel().await.unwrap();
+        // Prefetch 1: a consumer busy with one message leaves the rest to the
+        // other, which the in-progress scenario relies on.
+        let source = RabbitMq::consume(channel, &self.queue, name, 1)
+            .await
+            .unwrap();
+        self.consumers.lock().unwrap().insert(name.to_owned(), conn);
+        source
+    }
+
+    async fn parked(&self) -> Vec<String> {
+        let parked = format!("{}.parked", self.queue);
+        let n = self.ready(&parked).await;
+        let channel = self.conn.create_channel().await.unwrap();
+        let mut consumer = channel
+            .basic_consume(
+                &parked,
+                "inspector",
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let mut reasons = Vec::new();
+        for _ in 0..n {
+            let d = consumer.next().await.unwrap().unwrap();
+            let reason = d
+                .properties
+                .headers()
+                .as_ref()
+                .and_then(|h| h.inner().get("x-idem-reason").cloned());
+            reasons.push(match reason {
+                Some(AMQPValue::LongString(s)) => s.to_string(),
+                other => format!("{other:?}"),
+            });
+        }
+        let _ = channel.close(200, "done").await;
+        reasons
+    }
+
+    async fn drained(&self) -> bool {
+        // Unacked messages are not `ready`; the scenarios check acks through
+        // the runners' counters.
+        self.ready(&self.queue).await == 0
+            && self.ready(&format!("{}.retry", self.queue)).await == 0
+    }
+
+    async fn kill(&self, name: &str) {
+        let conn = self.consumers.lock().unwrap().remove(name);
+        if let Some(conn) = conn {
+            let _ = conn.close(320, "killed").await;
+        }
+    }
+
+    async fn cleanup(&self) {
+        for q in ["", ".retry", ".parked"] {
+            let _ = self
+                .channel
+                .queue_delete(&format!("{}{q}", self.queue), QueueDeleteOptions::default())
+                .await;
+        }
+        let _ = self
+            .channel
+            .exchange_delete(&format!("{}.dlx", self.queue), Default::default())
+            .await;
+        let conns: Vec<Connection> = self
+            .consumers
+            .lock()
+            .unwrap()
+            .drain()
+            .map(|(_, c)| c)
+            .collect();
+        for c in conns {
+            let _ = c.close(200, "done").await;
+        }
+        let _ = self.conn.close(200, "done").await;
+    }
+}
+
+#[tokio::test]
+async fn duplicate_publish_is_processed_once() {
+    let Some(b) = Rabbit::new().await else { return };
+    common::duplicate_publish_is_processed_once(b).await;
+}
+
+#[tokio::test]
+async fn dead_consumer_is_taken_over() {
+    let Some(b) = Rabbit::new().await else { return };
+    common::dead_consumer_is_taken_over(b).await;
+}
+
+#[tokio::test]
+async fn replay_a_day_later_is_deduplicated() {
+    let Some(b) = Rabbit::new().await else { return };
+    common::replay_a_day_later_is_deduplicated(b).await;
+}
+
+#[tokio::test]
+async fn poison_is_parked() {
+    let Some(b) = Rabbit::new().await else { return };
+    common::poison_is_parked(b).await;
+}
+
+#[tokio::test]
+async fn two_consumers_settle_each_order_once() {
+    let Some(b) = Rabbit::new().await else { return };
+    common::two_consumers_settle_each_order_once(b).await;
+}
+
+#[test]
+fn in_progress_is_not_a_failure() {
+    common::in_progress_is_not_a_failure(Rabbit::new());
+}

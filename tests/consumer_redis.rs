@@ -1,0 +1,159 @@
+//! The consumer scenarios on Redis Streams (a consumer group on the server at
+//! `IDEM_REDIS_URL`), each on a stream of its own that it deletes at the end.
+
+#[path = "consumer_common.rs"]
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use idem_runtime::consumer::redis_streams::{self, RedisStreams};
+use idem_tests::services;
+use redis::aio::MultiplexedConnection;
+
+struct Streams {
+    client: redis::Client,
+    conn: MultiplexedConnection,
+    stream: String,
+    group: String,
+}
+
+impl Streams {
+    async fn new() -> Option<Streams> {
+        let url = services::redis_url();
+        let client = redis::Client::open(url.as_str()).expect("a Redis URL");
+        let conn = services::reachable(
+            "Redis",
+            &url,
+            client.get_multiplexed_async_connection().await,
+        )?;
+        let stream = format!("idem-test-consumer-{}", suffix());
+        Some(Streams {
+            client,
+            conn,
+            group: format!("{stream}-group"),
+            stream,
+        })
+    }
+
+    fn parking(&self) -> String {
+        format!("{}:parked", self.stream)
+    }
+}
+
+#[async_trait::async_trait]
+impl Broker for Streams {
+    type Src = RedisStreams;
+
+    async fn publish_raw(&self, body: Vec<u8>) {
+        let _: String = redis::cmd("XADD")
+            .arg(&self.stream)
+            .arg("*")
+            .arg(redis_streams::PAYLOAD_FIELD)
+            .arg(body)
+            .query_async(&mut self.conn.clone())
+            .await
+            .unwrap();
+    }
+
+    async fn consumer(&self, name: &str) -> RedisStreams {
+        // Short idle and block times keep the suite quick; they bound the
+        // delays, which is fine here.
+        RedisStreams::builder(&self.stream, &self.group, name)
+            .claim_idle(Duration::from_millis(1500))
+            .block(Duration::from_millis(200))
+            .connect(&self.client)
+            .await
+            .unwrap()
+    }
+
+    async fn parked(&self) -> Vec<String> {
+        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(self.parking())
+            .arg("-")
+            .arg("+")
+            .query_async(&mut self.conn.clone())
+            .await
+            .unwrap();
+        reply
+            .ids
+            .iter()
+            .map(|e| e.get::<String>("reason").unwrap_or_default())
+            .collect()
+    }
+
+    async fn drained(&self) -> bool {
+        let pending: redis::streams::StreamPendingReply = redis::cmd("XPENDING")
+            .arg(&self.stream)
+            .arg(&self.group)
+            .query_async(&mut self.conn.clone())
+            .await
+            .unwrap();
+        let groups: redis::streams::StreamInfoGroupsReply = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(&self.stream)
+            .query_async(&mut self.conn.clone())
+            .await
+            .unwrap();
+        let lag = groups
+            .groups
+            .iter()
+            .find(|g| g.name == self.group)
+            .and_then(|g| g.lag);
+        pending.count() == 0 && lag == Some(0)
+    }
+
+    async fn cleanup(&self) {
+        let _: () = redis::cmd("DEL")
+            .arg(&self.stream)
+            .arg(self.parking())
+            .query_async(&mut self.conn.clone())
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn duplicate_publish_is_processed_once() {
+    let Some(b) = Streams::new().await else {
+        return;
+    };
+    common::duplicate_publish_is_processed_once(b).await;
+}
+
+#[tokio::test]
+async fn dead_consumer_is_taken_over() {
+    let Some(b) = Streams::new().await else {
+        return;
+    };
+    common::dead_consumer_is_taken_over(b).await;
+}
+
+#[tokio::test]
+async fn replay_a_day_later_is_deduplicated() {
+    let Some(b) = Streams::new().await else {
+        return;
+    };
+    common::replay_a_day_later_is_deduplicated(b).await;
+}
+
+#[tokio::test]
+async fn poison_is_parked() {
+    let Some(b) = Streams::new().await else {
+        return;
+    };
+    common::poison_is_parked(b).await;
+}
+
+#[tokio::test]
+async fn two_consumers_settle_each_order_once() {
+    let Some(b) = Streams::new().await else {
+        return;
+    };
+    common::two_consumers_settle_each_order_once(b).await;
+}
+
+#[test]
+fn in_progress_is_not_a_failure() {
+    common::in_progress_is_not_a_failure(async { Streams::new().await });
+}
