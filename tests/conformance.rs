@@ -191,7 +191,10 @@ async fn sqlite_store_that_skips_migrations_runs_no_ddl() {
     .fetch_one(store.pool())
     .await
     .unwrap();
-    assert_eq!(ledgers, 0, "a store told to skip migrations created the ledger");
+    assert_eq!(
+        ledgers, 0,
+        "a store told to skip migrations created the ledger"
+    );
     store.pool().close().await;
     let _ = std::fs::remove_file(&path);
 }

@@ -1087,5 +1087,8 @@ async fn a_store_that_skips_migrations_runs_no_ddl() {
         .execute(admin.pool())
         .await
         .unwrap();
-    assert_eq!(ledgers, 0, "a store told to skip migrations created the ledger");
+    assert_eq!(
+        ledgers, 0,
+        "a store told to skip migrations created the ledger"
+    );
 }

@@ -1013,7 +1013,10 @@ async fn a_store_that_skips_migrations_runs_no_ddl() {
     .fetch_one(&schema.admin)
     .await
     .unwrap();
-    assert!(!ledger, "a store told to skip migrations created the ledger");
+    assert!(
+        !ledger,
+        "a store told to skip migrations created the ledger"
+    );
     store.pool().close().await;
     schema.drop().await;
 }

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use idem_runtime::protocol::{Kind, Spec, execute};
 use idem_runtime::{
-    Claim, ClaimRequest, Clock as _, Completion, Error, Fingerprint, Key, ManualClock, Outcome, RecordState,
-    StoreRef, StoredResult, Token,
+    Claim, ClaimRequest, Clock as _, Completion, Error, Fingerprint, Key, ManualClock, Outcome,
+    RecordState, StoreRef, StoredResult, Token,
 };
 
 /// How a subject's clock moves.
@@ -604,7 +604,12 @@ pub async fn absurd_durations_are_clamped(s: Subject) {
     };
     let claimed = s.store.claim(forever(token)).await.expect("claim");
     assert!(matches!(claimed, Claim::Acquired { .. }), "{claimed:?}");
-    match s.store.claim(forever(Token::random())).await.expect("claim") {
+    match s
+        .store
+        .claim(forever(Token::random()))
+        .await
+        .expect("claim")
+    {
         Claim::Busy {
             lease_remaining, ..
         } => assert!(lease_remaining > CENTURY, "{lease_remaining:?}"),

@@ -58,13 +58,21 @@ where
         .await
         .expect("claim");
     assert!(matches!(claimed, Claim::Acquired { .. }), "{claimed:?}");
-    set_state(key.clone()).await;
+    set_state(key).await;
     let claim = store
         .claim(request(&key, Token::random(), Duration::from_secs(60)))
         .await;
-    assert_store_error(store, &claim.expect_err("a claim on an unknown state"), "claim");
+    assert_store_error(
+        store,
+        &claim.expect_err("a claim on an unknown state"),
+        "claim",
+    );
     let inspect = store.inspect(&key).await;
-    assert_store_error(store, &inspect.expect_err("inspecting an unknown state"), "inspect");
+    assert_store_error(
+        store,
+        &inspect.expect_err("inspecting an unknown state"),
+        "inspect",
+    );
 }
 
 /// A DONE record without an outcome (`clear_outcome` sets `outcome = NULL` on
@@ -85,8 +93,13 @@ where
         payload: b"1",
         ttl: Duration::from_secs(60),
     };
-    assert!(store.complete(&key, token, completion).await.expect("complete"));
-    clear_outcome(key.clone()).await;
+    assert!(
+        store
+            .complete(&key, token, completion)
+            .await
+            .expect("complete")
+    );
+    clear_outcome(key).await;
     let claim = store
         .claim(request(&key, Token::random(), Duration::from_secs(60)))
         .await;
@@ -106,7 +119,12 @@ pub async fn absurd_durations_are_clamped_alike(store: &dyn Store) {
         .claim(request(&key, token, Duration::MAX))
         .await
         .expect("claim");
-    assert!(store.renew(&key, token, Duration::MAX).await.expect("renew"));
+    assert!(
+        store
+            .renew(&key, token, Duration::MAX)
+            .await
+            .expect("renew")
+    );
     let info = store.inspect(&key).await.expect("inspect").expect("live");
     let after = SystemClock.now_millis();
     // A minute either way for the server's clock against ours.

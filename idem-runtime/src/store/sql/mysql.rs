@@ -1,6 +1,6 @@
 //! The MySQL / MariaDB store: records in an InnoDB table through sqlx, on the
 //! server's clock. The dialect's statements, clock, migration lock and
-//! retryable errors; the algorithms are the shared ones in [`super::store`].
+//! retryable errors; the algorithms are the shared ones in `store.rs`.
 //!
 //! A plain read answers a replay or a Busy claim without locking anything; only
 //! a record that may be taken goes on to one `INSERT … ON DUPLICATE KEY UPDATE`
@@ -254,7 +254,7 @@ const PURGE_DELETE: &str = "DELETE FROM idem_records WHERE `key` IN ";
 /// purge is not: it skips locked rows,
 /// and the sweeper runs it again next round). Purging needs SKIP LOCKED:
 /// MySQL 8.0.1 or MariaDB 10.6 and later. To claim inside your own transaction, see
-/// the [`TxConnection`] implementation for [`MySqlConnection`].
+/// the [`TxConnection`](crate::store::tx::TxConnection) implementation for [`MySqlConnection`].
 ///
 /// ```no_run
 /// use idem_runtime::store::sql::MySqlStore;
@@ -397,8 +397,13 @@ impl MySqlStoreBuilder {
 
     async fn finish(self, pool: MySqlPool, location: String) -> Result<MySqlStore, StoreError> {
         // Time is the server's: the store's clock is never read.
-        let core = Core::open(pool, std::sync::Arc::new(SystemClock), &self.settings, location)
-            .await?;
+        let core = Core::open(
+            pool,
+            std::sync::Arc::new(SystemClock),
+            &self.settings,
+            location,
+        )
+        .await?;
         Ok(MySqlStore { core })
     }
 }

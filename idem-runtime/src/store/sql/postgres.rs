@@ -1,7 +1,7 @@
 //! PostgreSQL store through sqlx: records shared by every replica of a service,
 //! leases on the database server's clock, and claims that can join the
 //! caller's own transaction. The dialect's statements, clock and migration
-//! lock; the algorithms are the shared ones in [`super::store`].
+//! lock; the algorithms are the shared ones in `store.rs`.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -173,7 +173,7 @@ const PURGE: &str = concat!(
 /// [`PgStore::is_retryable`]).
 ///
 /// With the same SQL, a claim can also run inside the caller's own
-/// transaction (see [`TxConnection`]), so the record commits or rolls back
+/// transaction (see [`TxConnection`](crate::store::tx::TxConnection)), so the record commits or rolls back
 /// with the business writes.
 ///
 /// ```no_run
@@ -308,8 +308,13 @@ impl PgStoreBuilder {
 
     async fn finish(self, pool: PgPool, location: String) -> Result<PgStore, StoreError> {
         // Time is the server's: the store's clock is never read.
-        let core = Core::open(pool, std::sync::Arc::new(SystemClock), &self.settings, location)
-            .await?;
+        let core = Core::open(
+            pool,
+            std::sync::Arc::new(SystemClock),
+            &self.settings,
+            location,
+        )
+        .await?;
         Ok(PgStore { core })
     }
 }

@@ -1,6 +1,6 @@
 //! The embedded durable store: SQLite through sqlx, in a file or in memory.
 //! The dialect's statements and clock; the algorithms are the shared ones in
-//! [`super::store`].
+//! `store.rs`.
 
 use std::path::Path;
 use std::str::FromStr;
@@ -346,9 +346,7 @@ impl Dialect for Sqlite {
         token: Token,
         completion: Completion<'_>,
     ) -> Result<bool, sqlx::Error> {
-        let expires_at = clock
-            .now_millis()
-            .saturating_add(millis(completion.ttl));
+        let expires_at = clock.now_millis().saturating_add(millis(completion.ttl));
         let done = sqlx::query(COMPLETE)
             .bind(i64::from(completion.outcome.code()))
             .bind(completion.payload)

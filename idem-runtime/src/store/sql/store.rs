@@ -4,12 +4,10 @@
 //! [`sql_store!`] and [`tx_connection!`].
 
 use std::future::Future;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::pool::{Pool, PoolConnection, PoolOptions};
-use sqlx::{ConnectOptions as _, Connection};
+use sqlx::pool::{Pool, PoolConnection};
 
 use super::dialect::Dialect;
 use super::record::Upserted;
@@ -126,6 +124,8 @@ impl<D: Dialect> std::fmt::Debug for Core<D> {
 pub(crate) struct Settings {
     pub(crate) max_result_bytes: usize,
     pub(crate) max_connections: u32,
+    // SQLite keeps sqlx's pool defaults: its writers wait on `busy_timeout`.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) acquire_timeout: Duration,
     pub(crate) migrate: bool,
 }
@@ -199,9 +199,9 @@ impl<D: Dialect> Core<D> {
     }
 
     pub(crate) async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        self.retrying(|| async move {
-            claim_on::<D>(&mut *self.conn().await?, &*self.clock, req).await
-        })
+        self.retrying(
+            || async move { claim_on::<D>(&mut *self.conn().await?, &*self.clock, req).await },
+        )
         .await
     }
 
@@ -212,7 +212,14 @@ impl<D: Dialect> Core<D> {
         completion: Completion<'_>,
     ) -> Result<bool, StoreError> {
         self.retrying(|| async move {
-            complete_on::<D>(&mut *self.conn().await?, &*self.clock, key, token, completion).await
+            complete_on::<D>(
+                &mut *self.conn().await?,
+                &*self.clock,
+                key,
+                token,
+                completion,
+            )
+            .await
         })
         .await
     }
@@ -277,62 +284,75 @@ pub(crate) fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(1 + rand::random::<u64>() % window)
 }
 
-/// Opens a pool to a server, and if the server cannot be reached, says why.
-///
-/// sqlx retries a refused connection until the acquire timeout and then
-/// reports only the timeout; one direct attempt, bounded by the same timeout
-/// (a server that accepts and never answers must not hang the start-up),
-/// recovers the reason (refused, unknown host, access denied).
+/// Opening a store on a database server (not a file).
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) async fn connect_pool<D: Dialect>(
-    options: <D::Connection as Connection>::Options,
-    settings: &Settings,
-    location: &str,
-) -> Result<Pool<D>, StoreError> {
-    let connected = PoolOptions::<D>::new()
-        .max_connections(settings.max_connections)
-        .acquire_timeout(settings.acquire_timeout)
-        .connect_with(options.clone())
-        .await;
-    match connected {
-        Ok(pool) => Ok(pool),
-        Err(sqlx::Error::PoolTimedOut) => {
-            let why = match tokio::time::timeout(settings.acquire_timeout, options.connect()).await
-            {
-                Ok(Err(e)) => e,
-                Ok(Ok(conn)) => {
-                    // Up again just now: the timeout is still what happened.
-                    let _ = conn.close().await;
-                    sqlx::Error::PoolTimedOut
-                }
-                Err(_) => sqlx::Error::PoolTimedOut,
-            };
-            Err(StoreError::new(D::BACKEND, location, why))
+mod server {
+    use std::path::Path;
+
+    use sqlx::pool::{Pool, PoolOptions};
+    use sqlx::{ConnectOptions as _, Connection};
+
+    use super::{Dialect, Settings};
+    use crate::error::StoreError;
+
+    /// Opens a pool to a server, and if the server cannot be reached, says why.
+    ///
+    /// sqlx retries a refused connection until the acquire timeout and then
+    /// reports only the timeout; one direct attempt, bounded by the same timeout
+    /// (a server that accepts and never answers must not hang the start-up),
+    /// recovers the reason (refused, unknown host, access denied).
+    pub(crate) async fn connect_pool<D: Dialect>(
+        options: <D::Connection as Connection>::Options,
+        settings: &Settings,
+        location: &str,
+    ) -> Result<Pool<D>, StoreError> {
+        let connected = PoolOptions::<D>::new()
+            .max_connections(settings.max_connections)
+            .acquire_timeout(settings.acquire_timeout)
+            .connect_with(options.clone())
+            .await;
+        match connected {
+            Ok(pool) => Ok(pool),
+            Err(sqlx::Error::PoolTimedOut) => {
+                let why =
+                    match tokio::time::timeout(settings.acquire_timeout, options.connect()).await {
+                        Ok(Err(e)) => e,
+                        Ok(Ok(conn)) => {
+                            // Up again just now: the timeout is still what happened.
+                            let _ = conn.close().await;
+                            sqlx::Error::PoolTimedOut
+                        }
+                        Err(_) => sqlx::Error::PoolTimedOut,
+                    };
+                Err(StoreError::new(D::BACKEND, location, why))
+            }
+            Err(e) => Err(StoreError::new(D::BACKEND, location, e)),
         }
-        Err(e) => Err(StoreError::new(D::BACKEND, location, e)),
+    }
+
+    /// Where a server is, for errors: `host:port/database`, `[v6]:port/database`
+    /// or `unix:/path/database`, built from parsed options so a user name or a
+    /// password can never slip in.
+    pub(crate) fn server_location(
+        socket: Option<&Path>,
+        host: &str,
+        port: u16,
+        database: Option<&str>,
+    ) -> String {
+        let server = match socket {
+            Some(socket) => format!("unix:{}", socket.display()),
+            None if host.contains(':') => format!("[{host}]:{port}"),
+            None => format!("{host}:{port}"),
+        };
+        match database {
+            Some(db) => format!("{server}/{db}"),
+            None => server,
+        }
     }
 }
 
-/// Where a server is, for errors: `host:port/database`, `[v6]:port/database`
-/// or `unix:/path/database`, built from parsed options so a user name or a
-/// password can never slip in.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) fn server_location(
-    socket: Option<&Path>,
-    host: &str,
-    port: u16,
-    database: Option<&str>,
-) -> String {
-    let server = match socket {
-        Some(socket) => format!("unix:{}", socket.display()),
-        None if host.contains(':') => format!("[{host}]:{port}"),
-        None => format!("{host}:{port}"),
-    };
-    match database {
-        Some(db) => format!("{server}/{db}"),
-        None => server,
-    }
-}
+pub(crate) use server::{connect_pool, server_location};
 
 /// `impl Store` and `AsStore` for a dialect's store type, forwarding to its
 /// `core: Core<D>` field.
@@ -480,6 +500,8 @@ mod tests {
     #[cfg(any(feature = "postgres", feature = "mysql"))]
     #[test]
     fn locations_name_the_server_and_database_only() {
+        use std::path::Path;
+
         assert_eq!(
             server_location(None, "db.internal", 3307, Some("orders")),
             "db.internal:3307/orders"
