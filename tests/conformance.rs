@@ -108,3 +108,93 @@ async fn sqlite_unopenable_file_is_a_store_error() {
         "{err}"
     );
 }
+
+// The shared SQL record layer: the same behaviour as every SQL store.
+
+async fn set_on_key(store: &SqliteStore, assignment: &str, key: idem_runtime::Key) {
+    sqlx::query(&format!(
+        "UPDATE idem_records SET {assignment} WHERE key = ?1"
+    ))
+    .bind(&key.as_bytes()[..])
+    .execute(store.pool())
+    .await
+    .expect("write the record by hand");
+}
+
+#[tokio::test]
+async fn sqlite_unknown_state_fails_closed() {
+    let store = SqliteStore::in_memory().await.unwrap();
+    idem_tests::sql::unknown_state_fails_closed(&store.clone(), |key| async move {
+        set_on_key(&store, "state = 7", key).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn sqlite_done_record_without_an_outcome_fails_closed() {
+    let store = SqliteStore::in_memory().await.unwrap();
+    idem_tests::sql::done_without_outcome_fails_closed(&store.clone(), |key| async move {
+        set_on_key(&store, "outcome = NULL", key).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn sqlite_absurd_durations_are_clamped_like_every_sql_store() {
+    let store = SqliteStore::in_memory().await.unwrap();
+    idem_tests::sql::absurd_durations_are_clamped_alike(&store).await;
+}
+
+/// With `skip_migrations` the store runs no DDL: on a file whose table was
+/// created by hand it works, and no ledger appears.
+#[tokio::test]
+async fn sqlite_store_that_skips_migrations_runs_no_ddl() {
+    let path = std::env::temp_dir().join(format!(
+        "idem-skip-migrations-{}-{}.db",
+        std::process::id(),
+        rand_suffix()
+    ));
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    let by_hand = sqlx::SqlitePool::connect(&url).await.unwrap();
+    sqlx::raw_sql(include_str!(
+        "../idem-runtime/migrations/sqlite/0001_create_records.sql"
+    ))
+    .execute(&by_hand)
+    .await
+    .expect("the schema, applied by hand");
+    by_hand.close().await;
+    let store = SqliteStore::builder()
+        .skip_migrations()
+        .open(&path)
+        .await
+        .expect("open without migrating");
+    let key = idem_tests::conformance::fresh_key("skip-migrations");
+    let claimed = idem_runtime::Store::claim(
+        &store,
+        idem_runtime::ClaimRequest {
+            key: &key,
+            token: idem_runtime::Token::random(),
+            fingerprint: None,
+            lease: std::time::Duration::from_secs(30),
+            ttl: std::time::Duration::from_secs(60),
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(claimed, idem_runtime::Claim::Acquired { .. }),
+        "{claimed:?}"
+    );
+    let ledgers: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM sqlite_master WHERE name = 'idem_schema_migrations'",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        ledgers, 0,
+        "a store told to skip migrations created the ledger"
+    );
+    store.pool().close().await;
+    let _ = std::fs::remove_file(&path);
+}

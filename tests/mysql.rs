@@ -987,3 +987,108 @@ async fn two_duplicates_waiting_on_a_rolled_back_claim_one_wins_the_other_is_bus
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// The shared SQL record layer: the same behaviour as every SQL store
+// ---------------------------------------------------------------------------
+
+async fn set_on_key(store: &MySqlStore, assignment: &str, key: &Key) {
+    sqlx::query(&format!(
+        "UPDATE idem_records SET {assignment} WHERE `key` = ?"
+    ))
+    .bind(&key.as_bytes()[..])
+    .execute(store.pool())
+    .await
+    .expect("write the record by hand");
+}
+
+#[tokio::test]
+async fn an_unknown_state_fails_closed() {
+    let Some(store) = store().await else { return };
+    idem_tests::sql::unknown_state_fails_closed(&store.clone(), |key| async move {
+        set_on_key(&store, "state = 7", &key).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_done_record_without_an_outcome_fails_closed() {
+    let Some(store) = store().await else { return };
+    idem_tests::sql::done_without_outcome_fails_closed(&store.clone(), |key| async move {
+        set_on_key(&store, "outcome = NULL", &key).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn absurd_durations_are_clamped_like_every_sql_store() {
+    let Some(store) = store().await else { return };
+    idem_tests::sql::absurd_durations_are_clamped_alike(&store).await;
+}
+
+/// The pool times out on a server that never sends its greeting; the one
+/// direct attempt that says why must time out too, not hang the start-up.
+#[tokio::test]
+async fn opening_on_a_server_that_never_answers_fails_in_bounded_time() {
+    idem_tests::sql::opening_on_a_silent_server_is_bounded("mysql", |addr| async move {
+        MySqlStore::builder()
+            .acquire_timeout(Duration::from_secs(1))
+            .connect(&format!("mysql://app:secret@{addr}/orders"))
+            .await
+    })
+    .await;
+}
+
+/// With `skip_migrations` the store runs no DDL: on a database whose table
+/// was created by hand (by whoever may), it works, and no ledger appears.
+#[tokio::test]
+async fn a_store_that_skips_migrations_runs_no_ddl() {
+    let Some(admin) = store().await else { return };
+    let name = format!(
+        "idem_skipmig_{:016x}",
+        u64::from_le_bytes(Token::random().0[..8].try_into().unwrap())
+    );
+    sqlx::raw_sql(&format!("CREATE DATABASE `{name}`"))
+        .execute(admin.pool())
+        .await
+        .expect("the test user may create a scratch database");
+    let options = MySqlConnectOptions::from_str(&services::mysql_url())
+        .unwrap()
+        .database(&name);
+    let by_hand = MySqlPoolOptions::new()
+        .connect_with(options.clone())
+        .await
+        .unwrap();
+    sqlx::raw_sql(include_str!(
+        "../idem-runtime/migrations/mysql/0001_create_records.sql"
+    ))
+    .execute(&by_hand)
+    .await
+    .expect("the schema, applied by hand");
+    by_hand.close().await;
+    let store = MySqlStore::builder()
+        .skip_migrations()
+        .connect_with(options)
+        .await
+        .expect("open without migrating");
+    let key = fresh_key("skip-migrations");
+    let claimed = store.claim(request(&key, Token::random())).await.unwrap();
+    assert!(matches!(claimed, Claim::Acquired { .. }), "{claimed:?}");
+    let ledgers: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.tables
+         WHERE table_schema = ? AND table_name = 'idem_schema_migrations'",
+    )
+    .bind(&name)
+    .fetch_one(admin.pool())
+    .await
+    .unwrap();
+    store.pool().close().await;
+    sqlx::raw_sql(&format!("DROP DATABASE `{name}`"))
+        .execute(admin.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        ledgers, 0,
+        "a store told to skip migrations created the ledger"
+    );
+}

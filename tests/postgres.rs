@@ -928,3 +928,132 @@ async fn a_renewal_that_waited_on_a_lock_counts_from_when_it_got_the_row() {
         "the renewed lease was already spent: {newcomer:?}"
     );
 }
+
+// ---------------------------------------------------------------------------
+// The shared SQL record layer: the same behaviour as every SQL store
+// ---------------------------------------------------------------------------
+
+async fn set_on_key(store: &PgStore, assignment: &str, key: &Key) {
+    sqlx::query(&format!(
+        "UPDATE idem_records SET {assignment} WHERE key = $1"
+    ))
+    .bind(&key.as_bytes()[..])
+    .execute(store.pool())
+    .await
+    .expect("write the record by hand");
+}
+
+#[tokio::test]
+async fn an_unknown_state_fails_closed() {
+    let Some(store) = store().await else { return };
+    idem_tests::sql::unknown_state_fails_closed(&store.clone(), |key| async move {
+        set_on_key(&store, "state = 7", &key).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_done_record_without_an_outcome_fails_closed() {
+    let Some(store) = store().await else { return };
+    idem_tests::sql::done_without_outcome_fails_closed(&store.clone(), |key| async move {
+        set_on_key(&store, "outcome = NULL", &key).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn absurd_durations_are_clamped_like_every_sql_store() {
+    let Some(store) = store().await else { return };
+    idem_tests::sql::absurd_durations_are_clamped_alike(&store).await;
+}
+
+/// The pool times out on a server that never answers; the one direct attempt
+/// that says why must time out too, not hang the start-up.
+#[tokio::test]
+async fn opening_on_a_server_that_never_answers_fails_in_bounded_time() {
+    idem_tests::sql::opening_on_a_silent_server_is_bounded("postgres", |addr| async move {
+        PgStore::builder()
+            .acquire_timeout(Duration::from_secs(1))
+            .connect(&format!("postgres://app:secret@{addr}/orders"))
+            .await
+    })
+    .await;
+}
+
+/// With `skip_migrations` the store runs no DDL: on a schema whose table was
+/// created by hand (by whoever may), it works, and no ledger appears.
+#[tokio::test]
+async fn a_store_that_skips_migrations_runs_no_ddl() {
+    let Some(schema) = Schema::create("skipmig").await else {
+        return;
+    };
+    let by_hand = PgPool::connect_with(schema.options.clone()).await.unwrap();
+    sqlx::raw_sql(include_str!(
+        "../idem-runtime/migrations/postgres/0001_create_records.sql"
+    ))
+    .execute(&by_hand)
+    .await
+    .expect("the schema, applied by hand");
+    by_hand.close().await;
+    let store = PgStore::builder()
+        .skip_migrations()
+        .connect_with(schema.options.clone())
+        .await
+        .expect("open without migrating");
+    let key = fresh_key("skip-migrations");
+    let claimed = store
+        .claim(request(&key, Token::random(), Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert!(matches!(claimed, Claim::Acquired { .. }), "{claimed:?}");
+    let ledger: bool = sqlx::query_scalar(&format!(
+        "SELECT to_regclass('{}.idem_schema_migrations') IS NOT NULL",
+        schema.name
+    ))
+    .fetch_one(&schema.admin)
+    .await
+    .unwrap();
+    assert!(
+        !ledger,
+        "a store told to skip migrations created the ledger"
+    );
+    store.pool().close().await;
+    schema.drop().await;
+}
+
+/// A claim inside a REPEATABLE READ transaction that meets a row committed
+/// after its snapshot is a serialization failure: the caller's transaction is
+/// aborted, and `is_retryable` tells the caller to run it again.
+#[tokio::test]
+async fn a_serialization_failure_in_a_transaction_is_retryable() {
+    let Some(store) = store().await else { return };
+    let key = fresh_key("serialization");
+    let mut tx = store.pool().begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    // The snapshot is taken here, before the other caller's claim commits.
+    sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+    let owner = store
+        .claim(request(&key, Token::random(), Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert!(matches!(owner, Claim::Acquired { .. }), "{owner:?}");
+    // Let the owner's lease lapse so the transaction's claim may take the
+    // row: it must then update a row its snapshot cannot see.
+    sqlx::query("UPDATE idem_records SET lease_until = 0, expires_at = 0 WHERE key = $1")
+        .bind(&key.as_bytes()[..])
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let err = tx
+        .tx_connection()
+        .claim(request(&key, Token::random(), Duration::from_secs(30)))
+        .await
+        .expect_err("a serialization failure");
+    assert!(PgStore::is_retryable(&err), "{err}");
+    let other = idem_runtime::StoreError::new("postgres", "x", std::io::Error::other("reset"));
+    assert!(!PgStore::is_retryable(&other));
+    tx.rollback().await.unwrap();
+}

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use idem_runtime::protocol::{Kind, Spec, execute};
 use idem_runtime::{
-    Claim, ClaimRequest, Completion, Error, Fingerprint, Key, ManualClock, Outcome, RecordState,
-    StoreRef, StoredResult, Token,
+    Claim, ClaimRequest, Clock as _, Completion, Error, Fingerprint, Key, ManualClock, Outcome,
+    RecordState, StoreRef, StoredResult, Token,
 };
 
 /// How a subject's clock moves.
@@ -587,6 +587,56 @@ async fn storm(s: Subject, wait: Option<Duration>) {
     assert_eq!(again.unwrap(), 4242);
 }
 
+/// `Duration::MAX` as lease and ttl: every store clamps it to a "forever" of
+/// its own, never wraps it into the past or refuses it. The claim holds, a
+/// newcomer is Busy for a very long time, renewal and completion succeed, and
+/// the record replays and stays.
+pub async fn absurd_durations_are_clamped(s: Subject) {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 86_400);
+    let key = fresh_key("absurd-durations");
+    let token = Token::random();
+    let forever = |token| ClaimRequest {
+        key: &key,
+        token,
+        fingerprint: None,
+        lease: Duration::MAX,
+        ttl: Duration::MAX,
+    };
+    let claimed = s.store.claim(forever(token)).await.expect("claim");
+    assert!(matches!(claimed, Claim::Acquired { .. }), "{claimed:?}");
+    match s
+        .store
+        .claim(forever(Token::random()))
+        .await
+        .expect("claim")
+    {
+        Claim::Busy {
+            lease_remaining, ..
+        } => assert!(lease_remaining > CENTURY, "{lease_remaining:?}"),
+        other => panic!("expected Busy, got {other:?}"),
+    }
+    assert!(
+        s.store
+            .renew(&key, token, Duration::MAX)
+            .await
+            .expect("renew")
+    );
+    assert!(
+        s.store
+            .complete(&key, token, success(b"forever", Duration::MAX))
+            .await
+            .expect("complete")
+    );
+    assert_eq!(replayed(&s, &key).await.payload, b"forever");
+    let info = s.store.inspect(&key).await.expect("inspect").expect("live");
+    let century_ms = i64::try_from(CENTURY.as_millis()).expect("a century in ms");
+    let now = idem_runtime::SystemClock.now_millis();
+    assert!(
+        info.expires_at_millis > now.saturating_add(century_ms),
+        "{info:?}"
+    );
+}
+
 static TABLE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 /// Holds the store's shared table for one case. Cases on a server share one
@@ -667,6 +717,7 @@ macro_rules! conformance_suite {
                 purge_removes_only_dead_records,
                 storm_runs_the_body_once,
                 storm_with_wait_replays_to_all,
+                absurd_durations_are_clamped,
             );
         }
     };

@@ -3,3 +3,4 @@
 
 pub mod conformance;
 pub mod services;
+pub mod sql;

@@ -1,17 +1,26 @@
 //! Stores on SQL databases through sqlx (runtime queries only: a library must
 //! not need a `DATABASE_URL` at build time).
 //!
+//! One record layer serves every dialect: the decoded row and its judgement
+//! (`record`), the claim loop, completion, retries and the `Store` /
+//! `TxConnection` forwarding (`store`). Each dialect file supplies only what
+//! differs (`dialect::Dialect`): its SQL, its clock, its migration lock and
+//! which of its errors are worth a retry.
+//!
 //! Each dialect claims with one upsert whose `WHERE` decides whether the
 //! existing row may be taken (`INSERT … ON CONFLICT … DO UPDATE … WHERE`), never
 //! by catching a unique violation.
 
+mod dialect;
 mod migrate;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+mod record;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+mod store;
 
 #[cfg(feature = "mysql")]
 pub use mysql::{MySqlStore, MySqlStoreBuilder};

@@ -1,40 +1,29 @@
 //! The MySQL / MariaDB store: records in an InnoDB table through sqlx, on the
-//! server's clock.
+//! server's clock. The dialect's statements, clock, migration lock and
+//! retryable errors; the algorithms are the shared ones in `store.rs`.
 //!
 //! A plain read answers a replay or a Busy claim without locking anything; only
 //! a record that may be taken goes on to one `INSERT … ON DUPLICATE KEY UPDATE`
 //! whose assignments decide, on the old row, whether the caller may take it,
-//! and a locking read then tells the caller what it got. There is no `INSERT IGNORE` (it turns truncation and NULL
-//! errors into warnings) and no caught duplicate-key error anywhere.
-//!
-//! The same statements run on a pooled connection ([`MySqlStore`]) or on the
-//! caller's own transaction ([`TxConnection`] for [`MySqlConnection`]), so the
-//! record commits or rolls back with the business writes.
+//! and a locking read then tells the caller what it got. There is no `INSERT
+//! IGNORE` (it turns truncation and NULL errors into warnings) and no caught
+//! duplicate-key error anywhere.
 
-use std::future::Future;
 use std::str::FromStr;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use sqlx::mysql::{
-    MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlPoolOptions, MySqlRow,
-};
-use sqlx::{Connection as _, Row as _};
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlPool};
+use sqlx::pool::PoolConnection;
+use sqlx::{Connection as _, Executor as _, MySql, Row as _};
 
+use super::dialect::Dialect;
 use super::migrate;
-use crate::clock::duration_millis;
+use super::record::{Record, Upserted, millis};
+use super::store::{Core, Settings, connect_pool, server_location, sql_store, tx_connection};
+use crate::clock::{Clock, SystemClock};
 use crate::error::StoreError;
-use crate::key::{Fingerprint, Key};
-use crate::store::tx::TxConnection;
-use crate::store::{
-    AsStore, Claim, ClaimRequest, Completion, DEFAULT_MAX_RESULT_BYTES, Outcome, RecordInfo,
-    RecordState, Store, StoreRef, StoredResult, Token,
-};
-
-const BACKEND: &str = "mysql";
-const RELEASED: i64 = 0;
-const PROCESSING: i64 = 1;
-const DONE: i64 = 2;
+use crate::key::Key;
+use crate::store::{ClaimRequest, Completion, Token};
 
 /// `ER_LOCK_DEADLOCK`: InnoDB chose this statement's transaction as a deadlock
 /// victim and rolled it back.
@@ -42,13 +31,6 @@ const ER_LOCK_DEADLOCK: u16 = 1213;
 /// `ER_LOCK_WAIT_TIMEOUT`: a row lock was not granted within
 /// `innodb_lock_wait_timeout`.
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
-
-/// How many times the pool path runs an operation that lost a lock conflict.
-const MAX_ATTEMPTS: u32 = 6;
-
-/// How many upsert-then-read rounds a claim makes before giving up on a record
-/// that keeps changing under it.
-const CLAIM_ROUNDS: usize = 8;
 
 /// A user-level lock (`GET_LOCK`) serialises migrations across processes: MySQL
 /// DDL commits implicitly, so a transaction cannot do it.
@@ -268,10 +250,11 @@ const PURGE_DELETE: &str = "DELETE FROM idem_records WHERE `key` IN ";
 /// Opening applies the embedded migrations (recorded in
 /// `idem_schema_migrations`, under a `GET_LOCK` so concurrent processes migrate
 /// safely). A statement that loses a deadlock or a lock wait is retried a few
-/// times with a short random backoff (a purge is not: it skips locked rows,
+/// times with a short random backoff (see [`MySqlStore::is_retryable`]; a
+/// purge is not: it skips locked rows,
 /// and the sweeper runs it again next round). Purging needs SKIP LOCKED:
 /// MySQL 8.0.1 or MariaDB 10.6 and later. To claim inside your own transaction, see
-/// the [`TxConnection`] implementation for [`MySqlConnection`].
+/// the [`TxConnection`](crate::store::tx::TxConnection) implementation for [`MySqlConnection`].
 ///
 /// ```no_run
 /// use idem_runtime::store::sql::MySqlStore;
@@ -284,9 +267,7 @@ const PURGE_DELETE: &str = "DELETE FROM idem_records WHERE `key` IN ";
 /// ```
 #[derive(Debug, Clone)]
 pub struct MySqlStore {
-    pool: MySqlPool,
-    max_result_bytes: usize,
-    location: std::sync::Arc<str>,
+    core: Core<MySql>,
 }
 
 /// Configures a [`MySqlStore`].
@@ -307,62 +288,50 @@ pub struct MySqlStore {
 /// ```
 #[derive(Debug)]
 pub struct MySqlStoreBuilder {
-    max_result_bytes: usize,
-    max_connections: u32,
-    acquire_timeout: Duration,
-    migrate: bool,
+    settings: Settings,
 }
 
 impl MySqlStoreBuilder {
     /// The largest result kept (default 1 MiB). Keep it under the server's
     /// `max_allowed_packet`.
-    ///
-    /// ```
-    /// let builder = idem_runtime::store::sql::MySqlStore::builder().max_result_bytes(64 * 1024);
-    /// # drop(builder);
-    /// ```
     pub fn max_result_bytes(mut self, limit: usize) -> Self {
-        self.max_result_bytes = limit;
+        self.settings.max_result_bytes = limit;
         self
     }
 
     /// The pool's size when the store opens its own (default 10).
-    ///
-    /// ```
-    /// let builder = idem_runtime::store::sql::MySqlStore::builder().max_connections(32);
-    /// # drop(builder);
-    /// ```
     pub fn max_connections(mut self, n: u32) -> Self {
-        self.max_connections = n.max(1);
+        self.settings.max_connections = n.max(1);
         self
     }
 
     /// How long a call waits for a connection when the store opens its own
     /// pool, reconnects to a refusing server included, before failing closed
     /// with a store error (default 5 s; sqlx's own default of 30 s is long for a
-    /// request path).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// let builder = idem_runtime::store::sql::MySqlStore::builder()
-    ///     .acquire_timeout(Duration::from_secs(1));
-    /// # drop(builder);
-    /// ```
+    /// request path). Opening the store then tries once more, as long again,
+    /// to say why.
     pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
-        self.acquire_timeout = timeout;
+        self.settings.acquire_timeout = timeout;
         self
     }
 
-    /// Whether opening applies the embedded migrations (default `true`). Turn it
-    /// off when the database user may not run DDL and the schema is applied at
-    /// deploy time with [`MySqlStore::migrate`].
+    /// Opens the store without applying the embedded migrations: for a
+    /// database user that may not run DDL, when the schema is applied at
+    /// deploy time (with [`MySqlStore::migrate`] or the SQL in
+    /// `migrations/mysql`). The store then runs no DDL at all.
     ///
     /// ```
-    /// let builder = idem_runtime::store::sql::MySqlStore::builder().migrate(false);
+    /// let builder = idem_runtime::store::sql::MySqlStore::builder().skip_migrations();
     /// # drop(builder);
     /// ```
+    pub fn skip_migrations(self) -> Self {
+        self.migrate(false)
+    }
+
+    /// Whether opening applies the embedded migrations (default `true`);
+    /// `migrate(false)` is [`skip_migrations`](Self::skip_migrations).
     pub fn migrate(mut self, migrate: bool) -> Self {
-        self.migrate = migrate;
+        self.settings.migrate = migrate;
         self
     }
 
@@ -382,7 +351,7 @@ impl MySqlStoreBuilder {
         // Not the URL in the error: it may carry a password. sqlx's parse error
         // does not quote it either.
         let options = MySqlConnectOptions::from_str(url)
-            .map_err(|e| StoreError::new(BACKEND, "(unparsable mysql URL)", e))?;
+            .map_err(|e| StoreError::new(MySql::BACKEND, "<unparsable mysql URL>", e))?;
         self.connect_with(options).await
     }
 
@@ -407,25 +376,7 @@ impl MySqlStoreBuilder {
         options: MySqlConnectOptions,
     ) -> Result<MySqlStore, StoreError> {
         let location = location(&options);
-        let pool = MySqlPoolOptions::new()
-            .max_connections(self.max_connections)
-            .acquire_timeout(self.acquire_timeout)
-            .connect_with(options.clone())
-            .await;
-        let pool = match pool {
-            Ok(pool) => pool,
-            // The pool retries refused connections until its timeout and then
-            // reports only that it timed out. One direct attempt recovers the
-            // reason (refused, unknown host, access denied) for the operator.
-            Err(sqlx::Error::PoolTimedOut) => {
-                let why = match MySqlConnection::connect_with(&options).await {
-                    Err(e) => e,
-                    Ok(_) => sqlx::Error::PoolTimedOut,
-                };
-                return Err(StoreError::new(BACKEND, location, why));
-            }
-            Err(e) => return Err(StoreError::new(BACKEND, location, e)),
-        };
+        let pool = connect_pool(options, &self.settings, &location).await?;
         self.finish(pool, location).await
     }
 
@@ -445,57 +396,35 @@ impl MySqlStoreBuilder {
     }
 
     async fn finish(self, pool: MySqlPool, location: String) -> Result<MySqlStore, StoreError> {
-        let store = MySqlStore {
+        // Time is the server's: the store's clock is never read.
+        let core = Core::open(
             pool,
-            max_result_bytes: self.max_result_bytes,
-            location: location.into(),
-        };
-        if self.migrate {
-            store.migrate().await?;
-        }
-        Ok(store)
+            std::sync::Arc::new(SystemClock),
+            &self.settings,
+            location,
+        )
+        .await?;
+        Ok(MySqlStore { core })
     }
 }
 
 impl MySqlStore {
     /// Configures a store.
-    ///
-    /// ```
-    /// let builder = idem_runtime::store::sql::MySqlStore::builder();
-    /// # drop(builder);
-    /// ```
     pub fn builder() -> MySqlStoreBuilder {
         MySqlStoreBuilder {
-            max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
-            max_connections: 10,
-            acquire_timeout: Duration::from_secs(5),
-            migrate: true,
+            settings: Settings::default(),
         }
     }
 
     /// Connects to the database a `mysql://` URL names and migrates it.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), idem_runtime::StoreError> {
-    /// let store = idem_runtime::store::sql::MySqlStore::connect("mysql://app@127.0.0.1/orders").await?;
-    /// # Ok(())
-    /// # }
-    /// ```
     pub async fn connect(url: &str) -> Result<MySqlStore, StoreError> {
         MySqlStore::builder().connect(url).await
     }
 
     /// The pool, to run the application's own queries (and transactions) on the
     /// same database.
-    ///
-    /// ```no_run
-    /// # async fn demo(store: idem_runtime::store::sql::MySqlStore) -> Result<(), sqlx::Error> {
-    /// let mut tx = store.pool().begin().await?;
-    /// # Ok(())
-    /// # }
-    /// ```
     pub fn pool(&self) -> &MySqlPool {
-        &self.pool
+        &self.core.pool
     }
 
     /// Applies the embedded migrations that are not yet recorded in
@@ -511,34 +440,7 @@ impl MySqlStore {
     /// # }
     /// ```
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-        // The lock belongs to the session. Closing this connection afterwards
-        // (instead of returning it to the pool) frees the lock even when this
-        // future is dropped halfway.
-        conn.close_on_drop();
-        let locked: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
-            .bind(MIGRATION_LOCK)
-            .bind(MIGRATION_LOCK_WAIT_SECS)
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(|e| self.err(e))?;
-        if locked != Some(1) {
-            return Err(StoreError::new(
-                BACKEND,
-                &*self.location,
-                format!(
-                    "could not take the migration lock `{MIGRATION_LOCK}` within {MIGRATION_LOCK_WAIT_SECS} s; another process is migrating"
-                ),
-            ));
-        }
-        let applied = apply_migrations(&mut conn).await;
-        let unlocked = sqlx::query("SELECT RELEASE_LOCK(?)")
-            .bind(MIGRATION_LOCK)
-            .execute(&mut *conn)
-            .await;
-        applied.map_err(|e| self.err(e))?;
-        unlocked.map_err(|e| self.err(e))?;
-        Ok(())
+        self.core.migrate().await
     }
 
     /// Whether a store error is a lost lock conflict (InnoDB deadlock 1213, or
@@ -556,42 +458,270 @@ impl MySqlStore {
     /// assert!(!MySqlStore::is_retryable(&io));
     /// ```
     pub fn is_retryable(error: &StoreError) -> bool {
-        std::error::Error::source(error)
-            .and_then(|s| s.downcast_ref::<sqlx::Error>())
-            .is_some_and(is_transient)
+        super::store::is_retryable::<MySql>(error)
+    }
+}
+
+/// `host:port/database` (or the socket path): the parts of the options that
+/// are safe to log. Never the user or the password.
+fn location(options: &MySqlConnectOptions) -> String {
+    server_location(
+        options.get_socket().map(|p| p.as_path()),
+        options.get_host(),
+        options.get_port(),
+        options.get_database(),
+    )
+}
+
+sql_store!(MySqlStore);
+
+tx_connection! {
+    /// Claims inside the caller's MySQL/MariaDB transaction
+    /// (`#[idempotent(tx = tx)]`): the record commits or rolls back with the
+    /// business writes, on the `idem_records` table [`MySqlStore`] migrates.
+    ///
+    /// A replay (a DONE record) and a Busy answer (another owner's live lease) come
+    /// from a plain read and take no lock, so they never queue behind, block, or
+    /// deadlock with other transactions. A claim that takes the record upserts
+    /// it, and holds its row lock until this transaction ends: a concurrent
+    /// duplicate waits on it, then replays what this transaction committed or
+    /// claims the key if it rolled back.
+    ///
+    /// Nothing is retried here: a deadlock has already rolled the caller's
+    /// transaction back, so the error goes to the caller, and
+    /// [`MySqlStore::is_retryable`] says whether to run the transaction again.
+    /// InnoDB can still deadlock where two transactions each take a row (claims of
+    /// two new keys in opposite orders), and where two or more duplicates wait on
+    /// one transaction's claim of a key that did not exist before and that
+    /// transaction rolls back: their inserts then meet on the key's gap, and
+    /// InnoDB rolls one of them back with 1213.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use idem_runtime::{Claim, ClaimRequest, Key, Token};
+    /// use idem_runtime::store::tx::{AsTxConnection, TxConnection};
+    ///
+    /// # async fn demo(pool: sqlx::MySqlPool) -> Result<(), Box<dyn std::error::Error>> {
+    /// let key = Key::builder("orders").part("client-order-42").finish();
+    /// let mut tx = pool.begin().await?;
+    /// let claim = tx
+    ///     .tx_connection()
+    ///     .claim(ClaimRequest {
+    ///         key: &key,
+    ///         token: Token::random(),
+    ///         fingerprint: None,
+    ///         lease: Duration::from_secs(30),
+    ///         ttl: Duration::from_secs(24 * 3600),
+    ///     })
+    ///     .await?;
+    /// if let Claim::Acquired { .. } = claim {
+    ///     // business writes on `tx`, then `complete` on `tx`, then:
+    ///     tx.commit().await?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    MySqlConnection => MySql, SystemClock
+}
+
+fn key(key: &Key) -> &[u8] {
+    &key.as_bytes()[..]
+}
+
+async fn read_with(
+    conn: &mut MySqlConnection,
+    sql: &'static str,
+    k: &Key,
+) -> Result<Option<Record>, sqlx::Error> {
+    let row = sqlx::query(sql).bind(key(k)).fetch_optional(conn).await?;
+    row.map(|r| Record::decode(&r, r.try_get("now")?))
+        .transpose()
+}
+
+impl Dialect for MySql {
+    const BACKEND: &'static str = "mysql";
+
+    /// Yes. The upsert, even one that changes nothing, locks the row until the
+    /// transaction ends: inside a caller's transaction, every replay of a hot
+    /// key would queue behind the others, two transactions replaying two keys
+    /// in opposite orders would deadlock, and a duplicate told Busy would block
+    /// the owner's renewals and completion. In a REPEATABLE READ transaction
+    /// the plain read is the transaction's snapshot and may be old: an old
+    /// DONE is still the key's result (a DONE record only ever expires), and an
+    /// old Busy is an answer the owner could have given a moment earlier.
+    /// Anything else goes on to the upsert, which sees the latest committed
+    /// row.
+    const READ_FIRST: bool = true;
+
+    async fn read(
+        conn: &mut MySqlConnection,
+        _: &dyn Clock,
+        k: &Key,
+    ) -> Result<Option<Record>, sqlx::Error> {
+        read_with(conn, READ, k).await
     }
 
-    fn err(&self, e: sqlx::Error) -> StoreError {
-        StoreError::new(BACKEND, &*self.location, e)
+    async fn upsert(
+        conn: &mut MySqlConnection,
+        _: &dyn Clock,
+        req: ClaimRequest<'_>,
+    ) -> Result<Upserted, sqlx::Error> {
+        sqlx::query(CLAIM)
+            .bind(key(req.key))
+            .bind(&req.token.0[..])
+            .bind(millis(req.lease))
+            .bind(millis(req.ttl))
+            .bind(req.fingerprint.as_ref().map(|f| &f.as_bytes()[..]))
+            .execute(&mut *conn)
+            .await?;
+        let record = read_with(conn, READ_LOCKED, req.key).await?;
+        Ok(match record.as_ref().and_then(|r| r.won_by(req.token)) {
+            Some(won) => Upserted::Won(won),
+            None => Upserted::Lost(record),
+        })
     }
 
-    /// Runs `op` again (a bounded number of times, after a short random pause)
-    /// when it lost a deadlock or a lock wait. On the pool each statement is its
-    /// own transaction, so the loser's effects are already rolled back and a
-    /// claim re-sent under the same token is recognised as the same claim.
-    async fn retrying<T, F, Fut>(&self, mut op: F) -> Result<T, StoreError>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T, sqlx::Error>>,
-    {
-        let mut attempt = 1;
-        loop {
-            match op().await {
-                Err(e) if attempt < MAX_ATTEMPTS && is_transient(&e) => {
-                    tracing::debug!(error = %e, attempt, "mysql lock conflict; retrying");
-                    tokio::time::sleep(backoff(attempt)).await;
-                    attempt += 1;
-                }
-                done => return done.map_err(|e| self.err(e)),
-            }
+    async fn complete(
+        conn: &mut MySqlConnection,
+        _: &dyn Clock,
+        k: &Key,
+        token: Token,
+        completion: Completion<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(COMPLETE)
+            .bind(i64::from(completion.outcome.code()))
+            .bind(completion.payload)
+            .bind(millis(completion.ttl))
+            .bind(key(k))
+            .bind(&token.0[..])
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn completed_by(
+        conn: &mut MySqlConnection,
+        k: &Key,
+        token: Token,
+    ) -> Result<bool, sqlx::Error> {
+        let found = sqlx::query(COMPLETED_BY)
+            .bind(key(k))
+            .bind(&token.0[..])
+            .fetch_optional(conn)
+            .await?;
+        Ok(found.is_some())
+    }
+
+    async fn release(
+        conn: &mut MySqlConnection,
+        _: &dyn Clock,
+        k: &Key,
+        token: Token,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(RELEASE)
+            .bind(key(k))
+            .bind(&token.0[..])
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn renew(
+        conn: &mut MySqlConnection,
+        _: &dyn Clock,
+        k: &Key,
+        token: Token,
+        lease: Duration,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(RENEW)
+            .bind(millis(lease))
+            .bind(millis(lease))
+            .bind(key(k))
+            .bind(&token.0[..])
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn evict(conn: &mut MySqlConnection, k: &Key) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(EVICT).bind(key(k)).execute(conn).await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// One batch, in its own READ COMMITTED transaction (see PURGE_SELECT).
+    async fn purge(
+        conn: &mut MySqlConnection,
+        _: &dyn Clock,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        // Applies to the next transaction only: the connection keeps its level.
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            .execute(&mut *conn)
+            .await?;
+        let mut tx = conn.begin().await?;
+        let keys: Vec<Vec<u8>> = sqlx::query_scalar(PURGE_SELECT)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await?;
+        if keys.is_empty() {
+            tx.commit().await?;
+            return Ok(0);
+        }
+        let sql = format!("{PURGE_DELETE}({})", vec!["?"; keys.len()].join(", "));
+        let mut delete = sqlx::query(&sql);
+        for key in &keys {
+            delete = delete.bind(key);
+        }
+        let done = delete.execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Under a session lock (`GET_LOCK`): DDL commits implicitly, so a
+    /// transaction cannot serialise it.
+    async fn migrate(conn: &mut PoolConnection<MySql>) -> Result<(), sqlx::Error> {
+        // The lock belongs to the session. Closing this connection afterwards
+        // (instead of returning it to the pool) frees the lock even when this
+        // future is dropped halfway.
+        conn.close_on_drop();
+        let locked: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
+            .bind(MIGRATION_LOCK)
+            .bind(MIGRATION_LOCK_WAIT_SECS)
+            .fetch_one(&mut **conn)
+            .await?;
+        if locked != Some(1) {
+            return Err(sqlx::Error::Protocol(format!(
+                "could not take the migration lock `{MIGRATION_LOCK}` within {MIGRATION_LOCK_WAIT_SECS} s; another process is migrating"
+            )));
+        }
+        let applied = apply_migrations(conn).await;
+        let unlocked = sqlx::query("SELECT RELEASE_LOCK(?)")
+            .bind(MIGRATION_LOCK)
+            .execute(&mut **conn)
+            .await;
+        applied?;
+        unlocked?;
+        Ok(())
+    }
+
+    fn is_retryable(error: &sqlx::Error) -> bool {
+        match error {
+            sqlx::Error::Database(db) => db
+                .try_downcast_ref::<MySqlDatabaseError>()
+                .is_some_and(|m| is_transient_code(m.number())),
+            _ => false,
         }
     }
 }
 
+fn is_transient_code(number: u16) -> bool {
+    matches!(number, ER_LOCK_DEADLOCK | ER_LOCK_WAIT_TIMEOUT)
+}
+
 async fn apply_migrations(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
-    sqlx::raw_sql(migrate::MYSQL_LEDGER)
-        .execute(&mut *conn)
-        .await?;
+    // A bare string runs as a simple query, every statement in it; the
+    // futures of `sqlx::raw_sql` are not `Send` for every lifetime.
+    (&mut *conn).execute(migrate::MYSQL_LEDGER).await?;
     for m in migrate::MYSQL {
         let applied: Option<i64> =
             sqlx::query_scalar("SELECT version FROM idem_schema_migrations WHERE version = ?")
@@ -604,7 +734,7 @@ async fn apply_migrations(conn: &mut MySqlConnection) -> Result<(), sqlx::Error>
         // DDL commits implicitly: the migration and its ledger row cannot share
         // a transaction. The migrations are written to be re-runnable, so a
         // crash between the two only repeats a no-op next time.
-        sqlx::raw_sql(m.sql).execute(&mut *conn).await?;
+        (&mut *conn).execute(m.sql).await?;
         sqlx::query(concat!(
             "INSERT INTO idem_schema_migrations (version, description, applied_at) VALUES (?, ?, ",
             now_ms!(),
@@ -616,473 +746,6 @@ async fn apply_migrations(conn: &mut MySqlConnection) -> Result<(), sqlx::Error>
         .await?;
     }
     Ok(())
-}
-
-/// `host:port/database` (or the socket path): the parts of the options that
-/// are safe to log. Never the user or the password.
-fn location(options: &MySqlConnectOptions) -> String {
-    let database = options.get_database().unwrap_or("");
-    match options.get_socket() {
-        Some(socket) => format!("unix:{}/{database}", socket.display()),
-        None if options.get_host().contains(':') => {
-            format!("[{}]:{}/{database}", options.get_host(), options.get_port())
-        }
-        None => format!("{}:{}/{database}", options.get_host(), options.get_port()),
-    }
-}
-
-/// Whether `e` is a lost lock conflict worth running again.
-fn is_transient(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Database(db) => db
-            .try_downcast_ref::<MySqlDatabaseError>()
-            .is_some_and(|m| is_transient_code(m.number())),
-        _ => false,
-    }
-}
-
-fn is_transient_code(number: u16) -> bool {
-    matches!(number, ER_LOCK_DEADLOCK | ER_LOCK_WAIT_TIMEOUT)
-}
-
-/// Full jitter over a doubling window (5, 10, 20, … ms): the transactions that
-/// deadlocked together must not meet again in lockstep.
-fn backoff(attempt: u32) -> Duration {
-    let window = 5u64 << attempt.min(6);
-    Duration::from_millis(1 + rand::random::<u64>() % window)
-}
-
-/// Lease and ttl in milliseconds, kept far enough from `i64::MAX` that adding
-/// the server's "now" cannot overflow BIGINT (strict mode would reject it).
-fn millis(d: Duration) -> i64 {
-    duration_millis(d).min(i64::MAX / 2)
-}
-
-/// A record as read back, with the server's time of the read.
-struct Record {
-    state: i64,
-    token: Vec<u8>,
-    fence: i64,
-    taken_over: bool,
-    lease_until: i64,
-    expires_at: i64,
-    fingerprint: Option<Fingerprint>,
-    result: Option<(Outcome, Vec<u8>)>,
-    now: i64,
-}
-
-impl Record {
-    fn decode(r: &MySqlRow) -> Result<Record, sqlx::Error> {
-        let fingerprint: Option<Vec<u8>> = r.try_get("fingerprint")?;
-        let fingerprint = fingerprint
-            .map(|b| <[u8; 32]>::try_from(b.as_slice()).map(Fingerprint::from_bytes))
-            .transpose()
-            .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
-        let outcome: Option<i64> = r.try_get("outcome")?;
-        let payload: Option<Vec<u8>> = r.try_get("result")?;
-        let result = match outcome {
-            None => None,
-            Some(code) => Some((
-                Outcome::from_code(code).ok_or_else(|| corrupt("unknown outcome code"))?,
-                payload.unwrap_or_default(),
-            )),
-        };
-        Ok(Record {
-            state: r.try_get("state")?,
-            token: r.try_get("token")?,
-            fence: r.try_get("fence")?,
-            taken_over: r.try_get("taken_over")?,
-            lease_until: r.try_get("lease_until")?,
-            expires_at: r.try_get("expires_at")?,
-            fingerprint,
-            result,
-            now: r.try_get("now")?,
-        })
-    }
-
-    fn live(&self) -> bool {
-        self.state != RELEASED && self.expires_at > self.now
-    }
-
-    fn stored(self) -> Option<StoredResult> {
-        let fingerprint = self.fingerprint;
-        self.result.map(|(outcome, payload)| StoredResult {
-            fingerprint,
-            outcome,
-            payload,
-        })
-    }
-}
-
-fn corrupt(what: &'static str) -> sqlx::Error {
-    sqlx::Error::Decode(what.into())
-}
-
-fn remaining(until: i64, now: i64) -> Duration {
-    Duration::from_millis(u64::try_from(until.saturating_sub(now)).unwrap_or(0))
-}
-
-fn fence(v: i64) -> u64 {
-    u64::try_from(v).unwrap_or(0)
-}
-
-// The statements, on one connection: a pooled one for the store, or the
-// caller's inside its transaction (`TxConnection`). Neither retries here: the
-// pool path wraps them in `retrying`, the transaction path must not (see
-// `MySqlStore::is_retryable`).
-
-async fn read_on(
-    conn: &mut MySqlConnection,
-    sql: &'static str,
-    key: &Key,
-) -> Result<Option<Record>, sqlx::Error> {
-    sqlx::query(sql)
-        .bind(&key.as_bytes()[..])
-        .fetch_optional(&mut *conn)
-        .await?
-        .map(|r| Record::decode(&r))
-        .transpose()
-}
-
-/// What a record tells a claimant without being taken: a replay, or Busy.
-fn held(row: Record, token: Token) -> Result<Option<Claim>, sqlx::Error> {
-    if !row.live() {
-        return Ok(None);
-    }
-    match row.state {
-        DONE => row
-            .stored()
-            .map(|stored| Some(Claim::Done(stored)))
-            .ok_or_else(|| corrupt("a DONE record without an outcome")),
-        PROCESSING if row.lease_until > row.now && row.token != token.0 => Ok(Some(Claim::Busy {
-            lease_remaining: remaining(row.lease_until, row.now),
-            fingerprint: row.fingerprint,
-        })),
-        _ => Ok(None),
-    }
-}
-
-/// Whether a lease written at its statement's start lost more than a tenth of
-/// itself before `now`: the claim waited on a lock, and its lease must start
-/// again. A smaller loss is the round trip and the statement's own run time.
-fn began_long_ago(lease_until: i64, lease: Duration, now: i64) -> bool {
-    let started = lease_until.saturating_sub(millis(lease));
-    now.saturating_sub(started).saturating_mul(10) > millis(lease)
-}
-
-async fn claim_on(conn: &mut MySqlConnection, req: ClaimRequest<'_>) -> Result<Claim, sqlx::Error> {
-    // The upsert, even one that changes nothing, locks the row until the
-    // transaction ends: inside a caller's transaction, every replay of a hot
-    // key would queue behind the others, two transactions replaying two keys
-    // in opposite orders would deadlock, and a duplicate told Busy would block
-    // the owner's renewals and completion. So a plain read comes first, and a
-    // record that may not be taken (DONE, or another owner's live lease) is
-    // answered from it without a lock. In a REPEATABLE READ transaction that
-    // read is the transaction's snapshot and may be old: an old DONE is still
-    // the key's result (a DONE record only ever expires), and an old Busy is an
-    // answer the owner could have given a moment earlier. Anything else
-    // (absent, expired, released, a lease run out) goes on to the upsert, which
-    // sees the latest committed row.
-    //
-    // The upsert and the reads are separate statements. A row that was
-    // evicted, released or whose lease ran out in between is simply claimed
-    // next round.
-    for _ in 0..CLAIM_ROUNDS {
-        if let Some(row) = read_on(conn, READ, req.key).await?
-            && let Some(answer) = held(row, req.token)?
-        {
-            return Ok(answer);
-        }
-        sqlx::query(CLAIM)
-            .bind(&req.key.as_bytes()[..])
-            .bind(&req.token.0[..])
-            .bind(millis(req.lease))
-            .bind(millis(req.ttl))
-            .bind(req.fingerprint.as_ref().map(|f| &f.as_bytes()[..]))
-            .execute(&mut *conn)
-            .await?;
-        let Some(row) = read_on(conn, READ_LOCKED, req.key).await? else {
-            continue;
-        };
-        if row.state == PROCESSING && row.token == req.token.0 {
-            // On the pool the row is already committed, so another caller may
-            // take a lease that began too long ago before it is renewed: then
-            // the renewal finds it gone and the next round says who holds it.
-            if began_long_ago(row.lease_until, req.lease, row.now)
-                && !renew_on(conn, req.key, req.token, req.lease).await?
-            {
-                continue;
-            }
-            return Ok(Claim::Acquired {
-                fence: fence(row.fence),
-                takeover: row.taken_over,
-            });
-        }
-        if let Some(answer) = held(row, req.token)? {
-            return Ok(answer);
-        }
-    }
-    Err(sqlx::Error::Protocol(format!(
-        "the record kept changing under {CLAIM_ROUNDS} claim attempts in a row"
-    )))
-}
-
-async fn complete_on(
-    conn: &mut MySqlConnection,
-    key: &Key,
-    token: Token,
-    completion: Completion<'_>,
-) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query(COMPLETE)
-        .bind(i64::from(completion.outcome.code()))
-        .bind(completion.payload)
-        .bind(millis(completion.ttl))
-        .bind(&key.as_bytes()[..])
-        .bind(&token.0[..])
-        .execute(&mut *conn)
-        .await?;
-    if done.rows_affected() == 1 {
-        return Ok(true);
-    }
-    // A completion re-sent after a dropped connection finds the record DONE
-    // under its own token: the success it was, not a lost claim.
-    let completed_by_us = sqlx::query(COMPLETED_BY)
-        .bind(&key.as_bytes()[..])
-        .bind(&token.0[..])
-        .fetch_optional(&mut *conn)
-        .await?;
-    Ok(completed_by_us.is_some())
-}
-
-async fn renew_on(
-    conn: &mut MySqlConnection,
-    key: &Key,
-    token: Token,
-    lease: Duration,
-) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query(RENEW)
-        .bind(millis(lease))
-        .bind(millis(lease))
-        .bind(&key.as_bytes()[..])
-        .bind(&token.0[..])
-        .execute(&mut *conn)
-        .await?;
-    Ok(done.rows_affected() == 1)
-}
-
-/// One purge batch, in its own READ COMMITTED transaction (see PURGE_SELECT).
-async fn purge_on(conn: &mut MySqlConnection, limit: i64) -> Result<u64, sqlx::Error> {
-    // Applies to the next transaction only: the connection keeps its level.
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        .execute(&mut *conn)
-        .await?;
-    let mut tx = conn.begin().await?;
-    let keys: Vec<Vec<u8>> = sqlx::query_scalar(PURGE_SELECT)
-        .bind(limit)
-        .fetch_all(&mut *tx)
-        .await?;
-    if keys.is_empty() {
-        tx.commit().await?;
-        return Ok(0);
-    }
-    let sql = format!("{PURGE_DELETE}({})", vec!["?"; keys.len()].join(", "));
-    let mut delete = sqlx::query(&sql);
-    for key in &keys {
-        delete = delete.bind(key);
-    }
-    let done = delete.execute(&mut *tx).await?;
-    tx.commit().await?;
-    Ok(done.rows_affected())
-}
-
-async fn release_on(
-    conn: &mut MySqlConnection,
-    key: &Key,
-    token: Token,
-) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query(RELEASE)
-        .bind(&key.as_bytes()[..])
-        .bind(&token.0[..])
-        .execute(&mut *conn)
-        .await?;
-    Ok(done.rows_affected() == 1)
-}
-
-#[async_trait]
-impl Store for MySqlStore {
-    fn backend(&self) -> &'static str {
-        BACKEND
-    }
-
-    fn max_result_bytes(&self) -> usize {
-        self.max_result_bytes
-    }
-
-    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        self.retrying(|| async move {
-            let mut conn = self.pool.acquire().await?;
-            claim_on(&mut conn, req).await
-        })
-        .await
-    }
-
-    async fn complete(
-        &self,
-        key: &Key,
-        token: Token,
-        completion: Completion<'_>,
-    ) -> Result<bool, StoreError> {
-        self.retrying(|| async move {
-            let mut conn = self.pool.acquire().await?;
-            complete_on(&mut conn, key, token, completion).await
-        })
-        .await
-    }
-
-    async fn release(&self, key: &Key, token: Token) -> Result<bool, StoreError> {
-        self.retrying(|| async move {
-            let mut conn = self.pool.acquire().await?;
-            release_on(&mut conn, key, token).await
-        })
-        .await
-    }
-
-    async fn renew(&self, key: &Key, token: Token, lease: Duration) -> Result<bool, StoreError> {
-        self.retrying(|| async move {
-            let mut conn = self.pool.acquire().await?;
-            renew_on(&mut conn, key, token, lease).await
-        })
-        .await
-    }
-
-    async fn inspect(&self, key: &Key) -> Result<Option<RecordInfo>, StoreError> {
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-        let Some(row) = read_on(&mut conn, READ, key)
-            .await
-            .map_err(|e| self.err(e))?
-            .filter(Record::live)
-        else {
-            return Ok(None);
-        };
-        let (state, lease_until_millis) = match row.state {
-            PROCESSING => (RecordState::Processing, row.lease_until),
-            _ => (RecordState::Done, 0),
-        };
-        let (f, expires_at_millis) = (fence(row.fence), row.expires_at);
-        Ok(Some(RecordInfo {
-            state,
-            fence: f,
-            lease_until_millis,
-            expires_at_millis,
-            result: row.stored(),
-        }))
-    }
-
-    async fn evict(&self, key: &Key) -> Result<bool, StoreError> {
-        self.retrying(|| async move {
-            let done = sqlx::query(EVICT)
-                .bind(&key.as_bytes()[..])
-                .execute(&self.pool)
-                .await?;
-            Ok(done.rows_affected() == 1)
-        })
-        .await
-    }
-
-    /// Not retried: SKIP LOCKED leaves nothing to wait for, and a purge that
-    /// still fails is the sweeper's to run again next round, not something to
-    /// hold a connection for now.
-    async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-        purge_on(&mut conn, limit).await.map_err(|e| self.err(e))
-    }
-}
-
-impl AsStore for MySqlStore {
-    fn as_store(&self) -> StoreRef {
-        StoreRef::new(self.clone())
-    }
-}
-
-/// Claims inside the caller's MySQL/MariaDB transaction
-/// (`#[idempotent(tx = tx)]`): the record commits or rolls back with the
-/// business writes, on the `idem_records` table [`MySqlStore`] migrates.
-///
-/// A replay (a DONE record) and a Busy answer (another owner's live lease) come
-/// from a plain read and take no lock, so they never queue behind, block, or
-/// deadlock with other transactions. A claim that takes the record upserts
-/// it, and holds its row lock until this transaction ends: a concurrent
-/// duplicate waits on it, then replays what this transaction committed or
-/// claims the key if it rolled back.
-///
-/// Nothing is retried here: a deadlock has already rolled the caller's
-/// transaction back, so the error goes to the caller, and
-/// [`MySqlStore::is_retryable`] says whether to run the transaction again.
-/// InnoDB can still deadlock where two transactions each take a row (claims of
-/// two new keys in opposite orders), and where two or more duplicates wait on
-/// one transaction's claim of a key that did not exist before and that
-/// transaction rolls back: their inserts then meet on the key's gap, and
-/// InnoDB rolls one of them back with 1213.
-///
-/// ```no_run
-/// use std::time::Duration;
-/// use idem_runtime::{Claim, ClaimRequest, Key, Token};
-/// use idem_runtime::store::tx::{AsTxConnection, TxConnection};
-///
-/// # async fn demo(pool: sqlx::MySqlPool) -> Result<(), Box<dyn std::error::Error>> {
-/// let key = Key::builder("orders").part("client-order-42").finish();
-/// let mut tx = pool.begin().await?;
-/// let claim = tx
-///     .tx_connection()
-///     .claim(ClaimRequest {
-///         key: &key,
-///         token: Token::random(),
-///         fingerprint: None,
-///         lease: Duration::from_secs(30),
-///         ttl: Duration::from_secs(24 * 3600),
-///     })
-///     .await?;
-/// if let Claim::Acquired { .. } = claim {
-///     // business writes on `tx`, then `complete` on `tx`, then:
-///     tx.commit().await?;
-/// }
-/// # Ok(())
-/// # }
-/// ```
-#[async_trait]
-impl TxConnection for MySqlConnection {
-    fn backend(&self) -> &'static str {
-        BACKEND
-    }
-
-    fn in_transaction(&self) -> bool {
-        sqlx::Connection::is_in_transaction(self)
-    }
-
-    async fn claim(&mut self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        claim_on(self, req).await.map_err(tx_err)
-    }
-
-    async fn complete(
-        &mut self,
-        key: &Key,
-        token: Token,
-        completion: Completion<'_>,
-    ) -> Result<bool, StoreError> {
-        complete_on(self, key, token, completion)
-            .await
-            .map_err(tx_err)
-    }
-
-    async fn release(&mut self, key: &Key, token: Token) -> Result<bool, StoreError> {
-        release_on(self, key, token).await.map_err(tx_err)
-    }
-}
-
-/// A connection does not know the URL it came from; say where it is instead.
-fn tx_err(e: sqlx::Error) -> StoreError {
-    StoreError::new(BACKEND, "the caller's transaction", e)
 }
 
 #[cfg(test)]
@@ -1101,21 +764,10 @@ mod tests {
         for n in [1062, 1406, 1048, 2006, 1146] {
             assert!(!is_transient_code(n), "{n}");
         }
-        assert!(!is_transient(&sqlx::Error::PoolTimedOut));
-        assert!(!is_transient(&sqlx::Error::Io(std::io::Error::other(
-            "reset"
-        ))));
-    }
-
-    #[test]
-    fn backoff_stays_short_and_bounded() {
-        for attempt in 1..MAX_ATTEMPTS + 4 {
-            let d = backoff(attempt);
-            assert!(
-                d >= Duration::from_millis(1) && d <= Duration::from_millis(321),
-                "{d:?}"
-            );
-        }
+        assert!(!MySql::is_retryable(&sqlx::Error::PoolTimedOut));
+        assert!(!MySql::is_retryable(&sqlx::Error::Io(
+            std::io::Error::other("reset")
+        )));
     }
 
     #[test]

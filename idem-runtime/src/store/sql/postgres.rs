@@ -1,31 +1,23 @@
 //! PostgreSQL store through sqlx: records shared by every replica of a service,
 //! leases on the database server's clock, and claims that can join the
-//! caller's own transaction.
+//! caller's own transaction. The dialect's statements, clock and migration
+//! lock; the algorithms are the shared ones in `store.rs`.
 
 use std::str::FromStr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow, Postgres};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, Postgres};
 use sqlx::{Connection as _, Executor as _, Row as _};
 
+use super::dialect::Dialect;
 use super::migrate;
-use crate::clock::duration_millis;
+use super::record::{Record, Upserted, Won, millis};
+use super::store::{Core, Settings, connect_pool, server_location, sql_store, tx_connection};
+use crate::clock::{Clock, SystemClock};
 use crate::error::StoreError;
-use crate::key::{Fingerprint, Key};
-use crate::store::tx::TxConnection;
-use crate::store::{
-    AsStore, Claim, ClaimRequest, Completion, DEFAULT_MAX_RESULT_BYTES, Outcome, RecordInfo,
-    RecordState, Store, StoreRef, StoredResult, Token,
-};
-
-const BACKEND: &str = "postgres";
-const RELEASED: i16 = 0;
-const PROCESSING: i16 = 1;
-const DONE: i16 = 2;
-
-type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+use crate::key::Key;
+use crate::store::{ClaimRequest, Completion, Token};
 
 // The server's wall clock, in milliseconds. `clock_timestamp()` rather than
 // `now()`: inside a caller's transaction `now()` stays frozen at BEGIN, and a
@@ -58,8 +50,9 @@ macro_rules! with_clock {
 // evaluates its SET list, so the lease and expiry there read the clock afresh.
 // An INSERT that waited on another transaction's uncommitted insert of the
 // same key (which then rolled back) has no such hook: its values were computed
-// before the wait. RETURNING tells the two apart (`started` against `now`, both
-// after the wait) and `claim_on` restarts a lease that began too early.
+// before the wait. RETURNING tells the two apart (the lease's start against
+// `now`, both after the wait) and the claim loop restarts a lease that began
+// too early.
 //
 // ON CONFLICT DO UPDATE locks its target row even when the WHERE refuses it,
 // and inside a caller's transaction that lock would last until commit: every
@@ -97,7 +90,7 @@ ON CONFLICT (key) DO UPDATE SET
 WHERE r.expires_at <= (SELECT now FROM clock)
    OR r.state = 0
    OR (r.state = 1 AND (r.lease_until <= (SELECT now FROM clock) OR r.token = excluded.token))
-RETURNING fence, taken_over, lease_until - $3 AS started, ",
+RETURNING fence, taken_over, lease_until, ",
     server_now!(),
     " AS now"
 );
@@ -105,7 +98,8 @@ RETURNING fence, taken_over, lease_until - $3 AS started, ",
 const COMPLETED_BY: &str = "SELECT 1 FROM idem_records WHERE key = $1 AND state = 2 AND token = $2";
 
 const READ: &str = concat!(
-    "SELECT state, fence, lease_until, expires_at, fingerprint, outcome, result, ",
+    "SELECT state::int8 AS state, token, fence, taken_over, lease_until, expires_at, fingerprint,
+       outcome::int8 AS outcome, result, ",
     server_now!(),
     " AS now
 FROM idem_records WHERE key = $1"
@@ -173,10 +167,13 @@ const PURGE: &str = concat!(
 /// The claim is one `INSERT … ON CONFLICT (key) DO UPDATE … WHERE … RETURNING`
 /// statement; only a caller that loses it reads the row a second time. The
 /// schema is created by embedded migrations recorded in
-/// `idem_schema_migrations`, run when the store opens.
+/// `idem_schema_migrations`, run when the store opens (see
+/// [`PgStoreBuilder::skip_migrations`]). A statement that loses a deadlock or a
+/// lock wait on the pool is retried a few times (see
+/// [`PgStore::is_retryable`]).
 ///
 /// With the same SQL, a claim can also run inside the caller's own
-/// transaction (see [`TxConnection`]), so the record commits or rolls back
+/// transaction (see [`TxConnection`](crate::store::tx::TxConnection)), so the record commits or rolls back
 /// with the business writes.
 ///
 /// ```no_run
@@ -190,9 +187,7 @@ const PURGE: &str = concat!(
 /// ```
 #[derive(Debug, Clone)]
 pub struct PgStore {
-    pool: PgPool,
-    max_result_bytes: usize,
-    location: Arc<str>,
+    core: Core<Postgres>,
 }
 
 /// Configures a [`PgStore`].
@@ -213,46 +208,43 @@ pub struct PgStore {
 /// ```
 #[derive(Debug, Clone)]
 pub struct PgStoreBuilder {
-    max_result_bytes: usize,
-    max_connections: u32,
-    acquire_timeout: Duration,
+    settings: Settings,
 }
 
 impl PgStoreBuilder {
     /// The largest result kept (default 1 MiB).
-    ///
-    /// ```
-    /// let builder = idem_runtime::store::sql::PgStore::builder().max_result_bytes(4096);
-    /// ```
     pub fn max_result_bytes(mut self, limit: usize) -> Self {
-        self.max_result_bytes = limit;
+        self.settings.max_result_bytes = limit;
         self
     }
 
     /// The size of the pool [`connect`](Self::connect) opens (default 10).
     /// Not used with [`pool`](Self::pool), which keeps the application's.
-    ///
-    /// ```
-    /// let builder = idem_runtime::store::sql::PgStore::builder().max_connections(32);
-    /// ```
     pub fn max_connections(mut self, n: u32) -> Self {
-        self.max_connections = n.max(1);
+        self.settings.max_connections = n.max(1);
         self
     }
 
     /// How long a call waits for a connection before it fails closed with
     /// [`crate::Error::Store`] (default 5 s, where sqlx's own default of 30 s
     /// would hold a request that long while the database is down). Opening the
-    /// store retries a refused connection for as long. Not used with
-    /// [`pool`](Self::pool).
+    /// store retries a refused connection for as long, and then tries once
+    /// more, as long again, to say why. Not used with [`pool`](Self::pool).
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.acquire_timeout = timeout;
+        self
+    }
+
+    /// Opens the store without applying the embedded migrations: for a
+    /// database user without DDL rights, when the schema is applied at deploy
+    /// time (with [`PgStore::migrate`] or the SQL in `migrations/postgres`).
+    /// The store then runs no DDL at all.
     ///
     /// ```
-    /// use std::time::Duration;
-    /// let builder = idem_runtime::store::sql::PgStore::builder()
-    ///     .acquire_timeout(Duration::from_secs(1));
+    /// let builder = idem_runtime::store::sql::PgStore::builder().skip_migrations();
     /// ```
-    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
-        self.acquire_timeout = timeout;
+    pub fn skip_migrations(mut self) -> Self {
+        self.settings.migrate = false;
         self
     }
 
@@ -271,7 +263,7 @@ impl PgStoreBuilder {
     pub async fn connect(self, url: &str) -> Result<PgStore, StoreError> {
         // The URL may carry a password: it never becomes the location.
         let options = PgConnectOptions::from_str(url)
-            .map_err(|e| StoreError::new(BACKEND, "<unparsable postgres URL>", e))?;
+            .map_err(|e| StoreError::new(Postgres::BACKEND, "<unparsable postgres URL>", e))?;
         self.connect_with(options).await
     }
 
@@ -293,21 +285,7 @@ impl PgStoreBuilder {
     /// ```
     pub async fn connect_with(self, options: PgConnectOptions) -> Result<PgStore, StoreError> {
         let location = location(&options);
-        let connected = PgPoolOptions::new()
-            .max_connections(self.max_connections)
-            .acquire_timeout(self.acquire_timeout)
-            .connect_with(options.clone())
-            .await;
-        let pool = match connected {
-            Ok(pool) => pool,
-            // sqlx retries a refused connection until the timeout and then
-            // reports only the timeout; one direct attempt tells the operator why.
-            Err(sqlx::Error::PoolTimedOut) => {
-                let cause = why_unreachable(&options, self.acquire_timeout).await;
-                return Err(StoreError::new(BACKEND, location, cause));
-            }
-            Err(e) => return Err(StoreError::new(BACKEND, location, e)),
-        };
+        let pool = connect_pool(options, &self.settings, &location).await?;
         self.finish(pool, location).await
     }
 
@@ -329,66 +307,36 @@ impl PgStoreBuilder {
     }
 
     async fn finish(self, pool: PgPool, location: String) -> Result<PgStore, StoreError> {
-        let store = PgStore {
+        // Time is the server's: the store's clock is never read.
+        let core = Core::open(
             pool,
-            max_result_bytes: self.max_result_bytes,
-            location: location.into(),
-        };
-        store.migrate().await?;
-        Ok(store)
+            std::sync::Arc::new(SystemClock),
+            &self.settings,
+            location,
+        )
+        .await?;
+        Ok(PgStore { core })
     }
 }
 
-/// Where the server is, for errors: host, port and database, built from the
-/// parsed options so a user name or password can never slip in.
 fn location(options: &PgConnectOptions) -> String {
-    let server = match options.get_socket() {
-        Some(socket) => socket.display().to_string(),
-        None if options.get_host().contains(':') => {
-            format!("[{}]:{}", options.get_host(), options.get_port())
-        }
-        None => format!("{}:{}", options.get_host(), options.get_port()),
-    };
-    match options.get_database() {
-        Some(db) => format!("{server}/{db}"),
-        None => server,
-    }
-}
-
-async fn why_unreachable(options: &PgConnectOptions, timeout: Duration) -> sqlx::Error {
-    match tokio::time::timeout(timeout, PgConnection::connect_with(options)).await {
-        Ok(Err(e)) => e,
-        Ok(Ok(conn)) => {
-            // Up again just now: the timeout is still what happened.
-            let _ = conn.close().await;
-            sqlx::Error::PoolTimedOut
-        }
-        Err(_) => sqlx::Error::PoolTimedOut,
-    }
+    server_location(
+        options.get_socket().map(|p| p.as_path()),
+        options.get_host(),
+        options.get_port(),
+        options.get_database(),
+    )
 }
 
 impl PgStore {
     /// Configures a store.
-    ///
-    /// ```
-    /// let builder = idem_runtime::store::sql::PgStore::builder();
-    /// ```
     pub fn builder() -> PgStoreBuilder {
         PgStoreBuilder {
-            max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
-            max_connections: 10,
-            acquire_timeout: Duration::from_secs(5),
+            settings: Settings::default(),
         }
     }
 
     /// Connects to the database a `postgres://` URL names and migrates it.
-    ///
-    /// ```no_run
-    /// # async fn start() -> Result<(), idem_runtime::StoreError> {
-    /// let store = idem_runtime::store::sql::PgStore::connect("postgres://app@127.0.0.1/orders").await?;
-    /// # Ok(())
-    /// # }
-    /// ```
     pub async fn connect(url: &str) -> Result<PgStore, StoreError> {
         PgStore::builder().connect(url).await
     }
@@ -408,15 +356,7 @@ impl PgStore {
     /// # }
     /// ```
     pub fn pool(&self) -> &PgPool {
-        &self.pool
-    }
-
-    fn err(&self, e: impl Into<BoxError>) -> StoreError {
-        StoreError::new(BACKEND, &*self.location, e)
-    }
-
-    async fn conn(&self) -> Result<sqlx::pool::PoolConnection<Postgres>, StoreError> {
-        self.pool.acquire().await.map_err(|e| self.err(e))
+        &self.core.pool
     }
 
     /// Applies the embedded migrations that are not yet recorded in
@@ -432,29 +372,211 @@ impl PgStore {
     /// # }
     /// ```
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
+        self.core.migrate().await
+    }
+
+    /// Whether a store error is a lost lock conflict (`40P01` deadlock,
+    /// `40001` serialization failure, `55P03` lock not available), so running
+    /// the work again may succeed.
+    ///
+    /// The store retries these itself on its pool. Inside your transaction it
+    /// cannot: PostgreSQL has already aborted the whole transaction, so retry
+    /// the transaction from the start when this says `true`.
+    ///
+    /// ```
+    /// use idem_runtime::StoreError;
+    /// use idem_runtime::store::sql::PgStore;
+    ///
+    /// let io = StoreError::new("postgres", "db:5432/orders", std::io::Error::other("reset"));
+    /// assert!(!PgStore::is_retryable(&io));
+    /// ```
+    pub fn is_retryable(error: &StoreError) -> bool {
+        super::store::is_retryable::<Postgres>(error)
+    }
+}
+
+sql_store!(PgStore);
+
+tx_connection! {
+    /// Claims on the caller's connection, inside whatever transaction it has open:
+    /// the same statements as [`PgStore`], against the same `idem_records` table
+    /// (open a [`PgStore`] once at start-up so its migrations have run).
+    ///
+    /// A duplicate's claim waits on the record's unique index while the first
+    /// transaction is open, then replays what it committed (or claims the key if
+    /// it rolled back); the claim is an upsert, so it never aborts the caller's
+    /// transaction. Run the transaction at READ COMMITTED (PostgreSQL's default):
+    /// at REPEATABLE READ or above, PostgreSQL reports that wait as a
+    /// serialization failure instead.
+    ///
+    /// A claim that finds the record held (DONE, or another owner's live lease)
+    /// reads it without locking it (see `CLAIM`), so replays of a hot key do not
+    /// queue behind each other's transactions; only a claim that takes the row
+    /// holds its lock until the caller's transaction ends.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use idem_runtime::store::tx::{AsTxConnection, TxConnection};
+    /// use idem_runtime::{Claim, ClaimRequest, Key, Token};
+    ///
+    /// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+    /// let key = Key::builder("orders::create").part("c-1").finish();
+    /// let mut tx = pool.begin().await?;
+    /// let req = ClaimRequest {
+    ///     key: &key,
+    ///     token: Token::random(),
+    ///     fingerprint: None,
+    ///     lease: Duration::from_secs(30),
+    ///     ttl: Duration::from_secs(24 * 3600),
+    /// };
+    /// if let Claim::Acquired { .. } = tx.tx_connection().claim(req).await? {
+    ///     // … the business writes on `&mut *tx`, then complete on the same connection …
+    /// }
+    /// tx.commit().await?; // the record commits with them, or not at all
+    /// # Ok(())
+    /// # }
+    /// ```
+    PgConnection => Postgres, SystemClock
+}
+
+fn key(key: &Key) -> &[u8] {
+    &key.as_bytes()[..]
+}
+
+impl Dialect for Postgres {
+    const BACKEND: &'static str = "postgres";
+
+    /// No: CLAIM reads first itself (its `NOT EXISTS`), in the same round trip.
+    const READ_FIRST: bool = false;
+
+    async fn read(
+        conn: &mut PgConnection,
+        _: &dyn Clock,
+        k: &Key,
+    ) -> Result<Option<Record>, sqlx::Error> {
+        let row = sqlx::query(READ).bind(key(k)).fetch_optional(conn).await?;
+        row.map(|r| Record::decode(&r, r.try_get("now")?))
+            .transpose()
+    }
+
+    async fn upsert(
+        conn: &mut PgConnection,
+        _: &dyn Clock,
+        req: ClaimRequest<'_>,
+    ) -> Result<Upserted, sqlx::Error> {
+        let won = sqlx::query(CLAIM)
+            .bind(key(req.key))
+            .bind(&req.token.0[..])
+            .bind(millis(req.lease))
+            .bind(millis(req.ttl))
+            .bind(req.fingerprint.as_ref().map(|f| &f.as_bytes()[..]))
+            .fetch_optional(conn)
+            .await?;
+        let Some(row) = won else {
+            return Ok(Upserted::Lost(None));
+        };
+        Ok(Upserted::Won(Won {
+            fence: row.try_get("fence")?,
+            takeover: row.try_get("taken_over")?,
+            lease_until: row.try_get("lease_until")?,
+            now: row.try_get("now")?,
+        }))
+    }
+
+    async fn complete(
+        conn: &mut PgConnection,
+        _: &dyn Clock,
+        k: &Key,
+        token: Token,
+        completion: Completion<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(COMPLETE)
+            .bind(i16::from(completion.outcome.code()))
+            .bind(completion.payload)
+            .bind(millis(completion.ttl))
+            .bind(key(k))
+            .bind(&token.0[..])
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn completed_by(
+        conn: &mut PgConnection,
+        k: &Key,
+        token: Token,
+    ) -> Result<bool, sqlx::Error> {
+        let found = sqlx::query(COMPLETED_BY)
+            .bind(key(k))
+            .bind(&token.0[..])
+            .fetch_optional(conn)
+            .await?;
+        Ok(found.is_some())
+    }
+
+    async fn release(
+        conn: &mut PgConnection,
+        _: &dyn Clock,
+        k: &Key,
+        token: Token,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(RELEASE)
+            .bind(key(k))
+            .bind(&token.0[..])
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn renew(
+        conn: &mut PgConnection,
+        _: &dyn Clock,
+        k: &Key,
+        token: Token,
+        lease: Duration,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(RENEW)
+            .bind(millis(lease))
+            .bind(key(k))
+            .bind(&token.0[..])
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn evict(conn: &mut PgConnection, k: &Key) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(EVICT).bind(key(k)).execute(conn).await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn purge(conn: &mut PgConnection, _: &dyn Clock, limit: i64) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(PURGE).bind(limit).execute(conn).await?;
+        Ok(done.rows_affected())
+    }
+
+    /// One transaction under `pg_advisory_xact_lock` does it all: DDL is
+    /// transactional here, so a second process waits and then finds
+    /// everything applied.
+    async fn migrate(conn: &mut PoolConnection<Postgres>) -> Result<(), sqlx::Error> {
+        let mut tx = conn.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
             .bind(migrate::POSTGRES_LOCK)
             .execute(&mut *tx)
-            .await
-            .map_err(|e| self.err(e))?;
+            .await?;
         // Checked rather than `CREATE TABLE IF NOT EXISTS`, which logs a notice
         // at every start; the lock makes check-then-create safe.
         let has_ledger: bool =
             sqlx::query_scalar("SELECT to_regclass('idem_schema_migrations') IS NOT NULL")
                 .fetch_one(&mut *tx)
-                .await
-                .map_err(|e| self.err(e))?;
+                .await?;
         if !has_ledger {
             sqlx::query(migrate::POSTGRES_LEDGER)
                 .execute(&mut *tx)
-                .await
-                .map_err(|e| self.err(e))?;
+                .await?;
         }
         let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM idem_schema_migrations")
             .fetch_all(&mut *tx)
-            .await
-            .map_err(|e| self.err(e))?;
+            .await?;
         for m in migrate::POSTGRES {
             if applied.contains(&m.version) {
                 continue;
@@ -462,7 +584,7 @@ impl PgStore {
             // A bare string runs as a simple query, so a migration may hold
             // several statements. (`sqlx::raw_sql` would too, but its future
             // is not `Send` for every lifetime.)
-            tx.execute(m.sql).await.map_err(|e| self.err(e))?;
+            tx.execute(m.sql).await?;
             sqlx::query(concat!(
                 "INSERT INTO idem_schema_migrations (version, description, applied_at) VALUES ($1, $2, ",
                 server_now!(),
@@ -471,367 +593,17 @@ impl PgStore {
             .bind(m.version)
             .bind(m.description)
             .execute(&mut *tx)
-            .await
-            .map_err(|e| self.err(e))?;
-        }
-        tx.commit().await.map_err(|e| self.err(e))
-    }
-}
-
-// The operations, written once against a connection: the pool path runs them
-// on a pooled connection, the same-transaction path on the caller's.
-
-/// Durations as milliseconds the server can add to its clock without
-/// overflowing a BIGINT (a "forever" ttl stays forever).
-fn millis(d: Duration) -> i64 {
-    duration_millis(d).min(i64::MAX / 4)
-}
-
-async fn claim_on(conn: &mut PgConnection, req: ClaimRequest<'_>) -> Result<Claim, BoxError> {
-    // The upsert and the loser's read are two statements; a row released or
-    // expired in between is simply claimed on the next turn.
-    for _ in 0..8 {
-        let won = sqlx::query(CLAIM)
-            .bind(&req.key.as_bytes()[..])
-            .bind(&req.token.0[..])
-            .bind(millis(req.lease))
-            .bind(millis(req.ttl))
-            .bind(req.fingerprint.as_ref().map(|f| &f.as_bytes()[..]))
-            .fetch_optional(&mut *conn)
             .await?;
-        if let Some(row) = won {
-            let f: i64 = row.try_get("fence")?;
-            let takeover: bool = row.try_get("taken_over")?;
-            let (started, now): (i64, i64) = (row.try_get("started")?, row.try_get("now")?);
-            // Only an INSERT that waited gets here with an old lease (see
-            // CLAIM). On the pool the row is already committed, so another
-            // caller may have taken it over meanwhile: then the renewal finds
-            // it gone and the next round reports whoever holds it.
-            if began_long_ago(started, now, req.lease)
-                && !renew_on(&mut *conn, req.key, req.token, req.lease).await?
-            {
-                continue;
-            }
-            return Ok(Claim::Acquired {
-                fence: fence(f),
-                takeover,
-            });
         }
-        let Some(record) = read_on(conn, req.key).await? else {
-            continue;
-        };
-        if !record.live() {
-            continue;
-        }
-        match record.state {
-            DONE => {
-                return record
-                    .stored()
-                    .map(Claim::Done)
-                    .ok_or_else(|| "a DONE record without an outcome".into());
+        tx.commit().await
+    }
+
+    fn is_retryable(error: &sqlx::Error) -> bool {
+        match error {
+            sqlx::Error::Database(db) => {
+                matches!(db.code().as_deref(), Some("40P01" | "40001" | "55P03"))
             }
-            PROCESSING if record.lease_until > record.now => {
-                return Ok(Claim::Busy {
-                    lease_remaining: remaining(record.lease_until, record.now),
-                    fingerprint: record.fingerprint,
-                });
-            }
-            _ => continue,
+            _ => false,
         }
-    }
-    Err("the record kept changing under eight claim attempts in a row".into())
-}
-
-/// Whether a lease that started at `started` (server milliseconds) lost more
-/// than a tenth of itself before `now`: the claim waited on a lock, and its
-/// lease must start again. A smaller loss is the statement's own run time.
-fn began_long_ago(started: i64, now: i64, lease: Duration) -> bool {
-    now.saturating_sub(started).saturating_mul(10) > millis(lease)
-}
-
-async fn renew_on(
-    conn: &mut PgConnection,
-    key: &Key,
-    token: Token,
-    lease: Duration,
-) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query(RENEW)
-        .bind(millis(lease))
-        .bind(&key.as_bytes()[..])
-        .bind(&token.0[..])
-        .execute(conn)
-        .await?;
-    Ok(done.rows_affected() == 1)
-}
-
-async fn complete_on(
-    conn: &mut PgConnection,
-    key: &Key,
-    token: Token,
-    completion: Completion<'_>,
-) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query(COMPLETE)
-        .bind(i16::from(completion.outcome.code()))
-        .bind(completion.payload)
-        .bind(millis(completion.ttl))
-        .bind(&key.as_bytes()[..])
-        .bind(&token.0[..])
-        .execute(&mut *conn)
-        .await?;
-    if done.rows_affected() == 1 {
-        return Ok(true);
-    }
-    // A completion re-sent after a dropped connection finds the record DONE
-    // under its own token: the success it was, not a lost claim.
-    let completed_by_us = sqlx::query(COMPLETED_BY)
-        .bind(&key.as_bytes()[..])
-        .bind(&token.0[..])
-        .fetch_optional(&mut *conn)
-        .await?;
-    Ok(completed_by_us.is_some())
-}
-
-async fn release_on(conn: &mut PgConnection, key: &Key, token: Token) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query(RELEASE)
-        .bind(&key.as_bytes()[..])
-        .bind(&token.0[..])
-        .execute(conn)
-        .await?;
-    Ok(done.rows_affected() == 1)
-}
-
-async fn read_on(conn: &mut PgConnection, key: &Key) -> Result<Option<Record>, sqlx::Error> {
-    sqlx::query(READ)
-        .bind(&key.as_bytes()[..])
-        .fetch_optional(conn)
-        .await?
-        .map(|r| Record::decode(&r))
-        .transpose()
-}
-
-/// A record as read back, with the server's clock at the time of reading.
-struct Record {
-    state: i16,
-    fence: i64,
-    lease_until: i64,
-    expires_at: i64,
-    fingerprint: Option<Fingerprint>,
-    result: Option<(Outcome, Vec<u8>)>,
-    now: i64,
-}
-
-impl Record {
-    fn decode(r: &PgRow) -> Result<Record, sqlx::Error> {
-        let fingerprint: Option<Vec<u8>> = r.try_get("fingerprint")?;
-        let fingerprint = fingerprint
-            .map(|b| <[u8; 32]>::try_from(b.as_slice()).map(Fingerprint::from_bytes))
-            .transpose()
-            .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
-        let outcome: Option<i16> = r.try_get("outcome")?;
-        let payload: Option<Vec<u8>> = r.try_get("result")?;
-        let result = match outcome {
-            None => None,
-            Some(code) => Some((
-                Outcome::from_code(i64::from(code))
-                    .ok_or_else(|| corrupt("unknown outcome code"))?,
-                payload.unwrap_or_default(),
-            )),
-        };
-        Ok(Record {
-            state: r.try_get("state")?,
-            fence: r.try_get("fence")?,
-            lease_until: r.try_get("lease_until")?,
-            expires_at: r.try_get("expires_at")?,
-            fingerprint,
-            result,
-            now: r.try_get("now")?,
-        })
-    }
-
-    fn live(&self) -> bool {
-        self.state != RELEASED && self.expires_at > self.now
-    }
-
-    fn stored(self) -> Option<StoredResult> {
-        let fingerprint = self.fingerprint;
-        self.result.map(|(outcome, payload)| StoredResult {
-            fingerprint,
-            outcome,
-            payload,
-        })
-    }
-}
-
-fn corrupt(what: &'static str) -> sqlx::Error {
-    sqlx::Error::Decode(what.into())
-}
-
-fn remaining(until: i64, now: i64) -> Duration {
-    Duration::from_millis(u64::try_from(until.saturating_sub(now)).unwrap_or(0))
-}
-
-fn fence(v: i64) -> u64 {
-    u64::try_from(v).unwrap_or(0)
-}
-
-#[async_trait]
-impl Store for PgStore {
-    fn backend(&self) -> &'static str {
-        BACKEND
-    }
-
-    fn max_result_bytes(&self) -> usize {
-        self.max_result_bytes
-    }
-
-    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        let mut conn = self.conn().await?;
-        claim_on(&mut conn, req).await.map_err(|e| self.err(e))
-    }
-
-    async fn complete(
-        &self,
-        key: &Key,
-        token: Token,
-        completion: Completion<'_>,
-    ) -> Result<bool, StoreError> {
-        let mut conn = self.conn().await?;
-        complete_on(&mut conn, key, token, completion)
-            .await
-            .map_err(|e| self.err(e))
-    }
-
-    async fn release(&self, key: &Key, token: Token) -> Result<bool, StoreError> {
-        let mut conn = self.conn().await?;
-        release_on(&mut conn, key, token)
-            .await
-            .map_err(|e| self.err(e))
-    }
-
-    async fn renew(&self, key: &Key, token: Token, lease: Duration) -> Result<bool, StoreError> {
-        let mut conn = self.conn().await?;
-        renew_on(&mut conn, key, token, lease)
-            .await
-            .map_err(|e| self.err(e))
-    }
-
-    async fn inspect(&self, key: &Key) -> Result<Option<RecordInfo>, StoreError> {
-        let mut conn = self.conn().await?;
-        let record = read_on(&mut conn, key).await.map_err(|e| self.err(e))?;
-        let Some(record) = record.filter(Record::live) else {
-            return Ok(None);
-        };
-        let (state, lease_until_millis) = match record.state {
-            PROCESSING => (RecordState::Processing, record.lease_until),
-            _ => (RecordState::Done, 0),
-        };
-        let (f, expires_at_millis) = (fence(record.fence), record.expires_at);
-        Ok(Some(RecordInfo {
-            state,
-            fence: f,
-            lease_until_millis,
-            expires_at_millis,
-            result: record.stored(),
-        }))
-    }
-
-    async fn evict(&self, key: &Key) -> Result<bool, StoreError> {
-        let done = sqlx::query(EVICT)
-            .bind(&key.as_bytes()[..])
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError> {
-        let done = sqlx::query(PURGE)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(done.rows_affected())
-    }
-}
-
-impl AsStore for PgStore {
-    fn as_store(&self) -> StoreRef {
-        StoreRef::new(self.clone())
-    }
-}
-
-/// A connection has no address to show, so errors on the caller's own
-/// connection say where they happened instead.
-const IN_TX: &str = "the caller's transaction";
-
-fn tx_err(e: impl Into<BoxError>) -> StoreError {
-    StoreError::new(BACKEND, IN_TX, e)
-}
-
-/// Claims on the caller's connection, inside whatever transaction it has open:
-/// the same statements as [`PgStore`], against the same `idem_records` table
-/// (open a [`PgStore`] once at start-up so its migrations have run).
-///
-/// A duplicate's claim waits on the record's unique index while the first
-/// transaction is open, then replays what it committed (or claims the key if
-/// it rolled back); the claim is an upsert, so it never aborts the caller's
-/// transaction. Run the transaction at READ COMMITTED (PostgreSQL's default):
-/// at REPEATABLE READ or above, PostgreSQL reports that wait as a
-/// serialization failure instead.
-///
-/// A claim that finds the record held (DONE, or another owner's live lease)
-/// reads it without locking it (see `CLAIM`), so replays of a hot key do not
-/// queue behind each other's transactions; only a claim that takes the row
-/// holds its lock until the caller's transaction ends.
-///
-/// ```no_run
-/// use std::time::Duration;
-/// use idem_runtime::store::tx::{AsTxConnection, TxConnection};
-/// use idem_runtime::{Claim, ClaimRequest, Key, Token};
-///
-/// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
-/// let key = Key::builder("orders::create").part("c-1").finish();
-/// let mut tx = pool.begin().await?;
-/// let req = ClaimRequest {
-///     key: &key,
-///     token: Token::random(),
-///     fingerprint: None,
-///     lease: Duration::from_secs(30),
-///     ttl: Duration::from_secs(24 * 3600),
-/// };
-/// if let Claim::Acquired { .. } = tx.tx_connection().claim(req).await? {
-///     // … the business writes on `&mut *tx`, then complete on the same connection …
-/// }
-/// tx.commit().await?; // the record commits with them, or not at all
-/// # Ok(())
-/// # }
-/// ```
-#[async_trait]
-impl TxConnection for PgConnection {
-    fn backend(&self) -> &'static str {
-        BACKEND
-    }
-
-    fn in_transaction(&self) -> bool {
-        sqlx::Connection::is_in_transaction(self)
-    }
-
-    async fn claim(&mut self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        claim_on(self, req).await.map_err(tx_err)
-    }
-
-    async fn complete(
-        &mut self,
-        key: &Key,
-        token: Token,
-        completion: Completion<'_>,
-    ) -> Result<bool, StoreError> {
-        complete_on(self, key, token, completion)
-            .await
-            .map_err(tx_err)
-    }
-
-    async fn release(&mut self, key: &Key, token: Token) -> Result<bool, StoreError> {
-        release_on(self, key, token).await.map_err(tx_err)
     }
 }

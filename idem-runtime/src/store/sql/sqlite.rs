@@ -1,31 +1,26 @@
 //! The embedded durable store: SQLite through sqlx, in a file or in memory.
+//! The dialect's statements and clock; the algorithms are the shared ones in
+//! `store.rs`.
 
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
+use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{Connection, Row as _, SqliteConnection};
+use sqlx::{Connection as _, Executor as _, Row as _, Sqlite, SqliteConnection};
 
+use super::dialect::Dialect;
 use super::migrate;
-use crate::clock::{Clock, SystemClock, duration_millis};
+use super::record::{Record, Upserted, Won, millis};
+use super::store::{Core, Settings, sql_store, tx_connection};
+use crate::clock::{Clock, SystemClock};
 use crate::error::StoreError;
-use crate::key::{Fingerprint, Key};
-use crate::store::tx::TxConnection;
-use crate::store::{
-    AsStore, Claim, ClaimRequest, Completion, DEFAULT_MAX_RESULT_BYTES, Outcome, RecordInfo,
-    RecordState, Store, StoreRef, StoredResult, Token,
-};
-
-const BACKEND: &str = "sqlite";
-const RELEASED: i64 = 0;
-const PROCESSING: i64 = 1;
-const DONE: i64 = 2;
+use crate::key::Key;
+use crate::store::{ClaimRequest, Completion, Token};
 
 // The row may be taken when it is expired, released, or PROCESSING past its
 // lease; a claim retried under the same token gets its own row back. SQLite
@@ -51,11 +46,15 @@ WHERE idem_records.expires_at <= ?6
        AND (idem_records.lease_until <= ?6 OR idem_records.token = excluded.token))
 RETURNING fence, taken_over";
 
-const COMPLETED_BY: &str = "SELECT 1 FROM idem_records WHERE key = ?1 AND state = 2 AND token = ?2";
-
 const READ: &str = "
-SELECT state, fence, lease_until, expires_at, fingerprint, outcome, result
+SELECT state, token, fence, taken_over, lease_until, expires_at, fingerprint, outcome, result
 FROM idem_records WHERE key = ?1";
+
+const COMPLETE: &str = "
+UPDATE idem_records SET state = 2, outcome = ?1, result = ?2, expires_at = ?3
+WHERE key = ?4 AND state = 1 AND token = ?5";
+
+const COMPLETED_BY: &str = "SELECT 1 FROM idem_records WHERE key = ?1 AND state = 2 AND token = ?2";
 
 // Expiry is kept at least as far as the lease: a body may run past its ttl,
 // and while it heartbeats its record must not expire under it.
@@ -69,6 +68,8 @@ WHERE key = ?2 AND state = 1 AND token = ?3 AND expires_at > ?4";
 const RELEASE: &str = "
 UPDATE idem_records SET state = 0, expires_at = min(expires_at, ?3)
 WHERE key = ?1 AND state = 1 AND token = ?2";
+
+const EVICT: &str = "DELETE FROM idem_records WHERE key = ?1";
 
 // Dead records are exactly those with `expires_at` in the past (released ones
 // included, see RELEASE): the batch is a range of the `expires_at` index, read
@@ -84,7 +85,8 @@ DELETE FROM idem_records WHERE key IN (
 ///
 /// Files are opened in WAL mode with a busy timeout, so concurrent writers wait
 /// for each other instead of failing. The schema is created by embedded
-/// migrations recorded in `idem_schema_migrations`.
+/// migrations recorded in `idem_schema_migrations` (see
+/// [`SqliteStoreBuilder::skip_migrations`]).
 ///
 /// ```
 /// use idem_runtime::store::sql::SqliteStore;
@@ -97,19 +99,15 @@ DELETE FROM idem_records WHERE key IN (
 /// ```
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
-    pool: SqlitePool,
-    clock: Arc<dyn Clock>,
-    max_result_bytes: usize,
-    location: Arc<str>,
+    core: Core<Sqlite>,
 }
 
 /// Configures a [`SqliteStore`].
 #[derive(Debug)]
 pub struct SqliteStoreBuilder {
     clock: Arc<dyn Clock>,
-    max_result_bytes: usize,
+    settings: Settings,
     busy_timeout: Duration,
-    max_connections: u32,
 }
 
 impl SqliteStoreBuilder {
@@ -121,7 +119,7 @@ impl SqliteStoreBuilder {
 
     /// The largest result kept (default 1 MiB).
     pub fn max_result_bytes(mut self, limit: usize) -> Self {
-        self.max_result_bytes = limit;
+        self.settings.max_result_bytes = limit;
         self
     }
 
@@ -133,7 +131,21 @@ impl SqliteStoreBuilder {
 
     /// The connection pool's size for files (default 8).
     pub fn max_connections(mut self, n: u32) -> Self {
-        self.max_connections = n.max(1);
+        self.settings.max_connections = n.max(1);
+        self
+    }
+
+    /// Opens the store without applying the embedded migrations: for a
+    /// database whose schema is applied at deploy time (with
+    /// [`SqliteStore::migrate`], or the SQL in `migrations/sqlite`) by someone
+    /// allowed to, so the store runs no DDL at all.
+    ///
+    /// ```
+    /// let builder = idem_runtime::store::sql::SqliteStore::builder().skip_migrations();
+    /// # drop(builder);
+    /// ```
+    pub fn skip_migrations(mut self) -> Self {
+        self.settings.migrate = false;
         self
     }
 
@@ -147,7 +159,7 @@ impl SqliteStoreBuilder {
     /// `sqlite::memory:`) and migrates it.
     pub async fn connect(self, url: &str) -> Result<SqliteStore, StoreError> {
         let options = SqliteConnectOptions::from_str(url)
-            .map_err(|e| StoreError::new(BACKEND, url.to_owned(), e))?;
+            .map_err(|e| StoreError::new(Sqlite::BACKEND, url.to_owned(), e))?;
         let location = options.get_filename().display().to_string();
         if location == ":memory:" || url.contains("mode=memory") {
             return self.in_memory_with(options, location).await;
@@ -165,17 +177,17 @@ impl SqliteStoreBuilder {
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(self.busy_timeout);
         let pool = SqlitePoolOptions::new()
-            .max_connections(self.max_connections)
+            .max_connections(self.settings.max_connections)
             .connect_with(options)
             .await
-            .map_err(|e| StoreError::new(BACKEND, location.clone(), e))?;
+            .map_err(|e| StoreError::new(Sqlite::BACKEND, location.clone(), e))?;
         self.finish(pool, location).await
     }
 
     /// A private in-memory database, gone with the store.
     pub async fn in_memory(self) -> Result<SqliteStore, StoreError> {
         let options = SqliteConnectOptions::from_str("sqlite::memory:")
-            .map_err(|e| StoreError::new(BACKEND, ":memory:", e))?;
+            .map_err(|e| StoreError::new(Sqlite::BACKEND, ":memory:", e))?;
         self.in_memory_with(options, ":memory:".into()).await
     }
 
@@ -193,7 +205,7 @@ impl SqliteStoreBuilder {
             .max_lifetime(None)
             .connect_with(options)
             .await
-            .map_err(|e| StoreError::new(BACKEND, location.clone(), e))?;
+            .map_err(|e| StoreError::new(Sqlite::BACKEND, location.clone(), e))?;
         self.finish(pool, location).await
     }
 
@@ -204,14 +216,8 @@ impl SqliteStoreBuilder {
     }
 
     async fn finish(self, pool: SqlitePool, location: String) -> Result<SqliteStore, StoreError> {
-        let store = SqliteStore {
-            pool,
-            clock: self.clock,
-            max_result_bytes: self.max_result_bytes,
-            location: location.into(),
-        };
-        store.migrate().await?;
-        Ok(store)
+        let core = Core::open(pool, self.clock, &self.settings, location).await?;
+        Ok(SqliteStore { core })
     }
 }
 
@@ -220,9 +226,11 @@ impl SqliteStore {
     pub fn builder() -> SqliteStoreBuilder {
         SqliteStoreBuilder {
             clock: Arc::new(SystemClock),
-            max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
+            settings: Settings {
+                max_connections: 8,
+                ..Settings::default()
+            },
             busy_timeout: Duration::from_secs(5),
-            max_connections: 8,
         }
     }
 
@@ -238,41 +246,201 @@ impl SqliteStore {
 
     /// The pool, to run the application's own queries on the same database.
     pub fn pool(&self) -> &SqlitePool {
-        &self.pool
-    }
-
-    fn err(&self, e: sqlx::Error) -> StoreError {
-        StoreError::new(BACKEND, &*self.location, e)
-    }
-
-    fn now(&self) -> i64 {
-        self.clock.now_millis()
+        &self.core.pool
     }
 
     /// Applies the embedded migrations that are not yet recorded. Idempotent,
     /// and safe to run from several processes at once (SQLite serialises the
     /// write transactions).
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-        sqlx::query(migrate::SQLITE_LEDGER)
+        self.core.migrate().await
+    }
+
+    /// Whether a store error is worth running the work again for. Never on
+    /// SQLite: a writer already waits for the others up to the busy timeout,
+    /// and one that still fails has waited as long as it was told to.
+    ///
+    /// ```
+    /// use idem_runtime::StoreError;
+    /// use idem_runtime::store::sql::SqliteStore;
+    ///
+    /// let io = StoreError::new("sqlite", "orders.db", std::io::Error::other("disk full"));
+    /// assert!(!SqliteStore::is_retryable(&io));
+    /// ```
+    pub fn is_retryable(error: &StoreError) -> bool {
+        super::store::is_retryable::<Sqlite>(error)
+    }
+}
+
+sql_store!(SqliteStore);
+
+tx_connection! {
+    /// Claims inside the caller's SQLite transaction (`#[idempotent(tx = tx)]`).
+    /// SQLite has one writer at a time, so a concurrent duplicate waits for this
+    /// transaction (up to the busy timeout) and then replays or claims. Time is
+    /// this process's clock.
+    SqliteConnection => Sqlite, SystemClock
+}
+
+fn key(key: &Key) -> &[u8] {
+    &key.as_bytes()[..]
+}
+
+impl Dialect for Sqlite {
+    const BACKEND: &'static str = "sqlite";
+
+    /// No: a read would pin the caller's transaction to its snapshot, and
+    /// SQLite cannot turn a snapshot another writer has since moved past into
+    /// a write (`SQLITE_BUSY_SNAPSHOT`, without waiting): a duplicate that
+    /// waited on the writer would fail instead of replaying. SQLite locks the
+    /// whole database for a write anyway, so there is no row lock to spare.
+    const READ_FIRST: bool = false;
+
+    async fn read(
+        conn: &mut SqliteConnection,
+        clock: &dyn Clock,
+        k: &Key,
+    ) -> Result<Option<Record>, sqlx::Error> {
+        let now = clock.now_millis();
+        let row = sqlx::query(READ)
+            .bind(key(k))
+            .fetch_optional(&mut *conn)
+            .await?;
+        row.map(|r| Record::decode(&r, now)).transpose()
+    }
+
+    async fn upsert(
+        conn: &mut SqliteConnection,
+        clock: &dyn Clock,
+        req: ClaimRequest<'_>,
+    ) -> Result<Upserted, sqlx::Error> {
+        let now = clock.now_millis();
+        let lease_until = now.saturating_add(millis(req.lease));
+        let won = sqlx::query(CLAIM)
+            .bind(key(req.key))
+            .bind(&req.token.0[..])
+            .bind(lease_until)
+            .bind(now.saturating_add(millis(req.ttl)))
+            .bind(req.fingerprint.as_ref().map(|f| &f.as_bytes()[..]))
+            .bind(now)
+            .fetch_optional(&mut *conn)
+            .await?;
+        let Some(row) = won else {
+            return Ok(Upserted::Lost(None));
+        };
+        // The statement may have waited for the database's write lock (up to
+        // the busy timeout) with `now` read before: the clock after it says
+        // how long.
+        Ok(Upserted::Won(Won {
+            fence: row.try_get("fence")?,
+            takeover: row.try_get("taken_over")?,
+            lease_until,
+            now: clock.now_millis(),
+        }))
+    }
+
+    async fn complete(
+        conn: &mut SqliteConnection,
+        clock: &dyn Clock,
+        k: &Key,
+        token: Token,
+        completion: Completion<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        let expires_at = clock.now_millis().saturating_add(millis(completion.ttl));
+        let done = sqlx::query(COMPLETE)
+            .bind(i64::from(completion.outcome.code()))
+            .bind(completion.payload)
+            .bind(expires_at)
+            .bind(key(k))
+            .bind(&token.0[..])
             .execute(&mut *conn)
-            .await
-            .map_err(|e| self.err(e))?;
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn completed_by(
+        conn: &mut SqliteConnection,
+        k: &Key,
+        token: Token,
+    ) -> Result<bool, sqlx::Error> {
+        let found = sqlx::query(COMPLETED_BY)
+            .bind(key(k))
+            .bind(&token.0[..])
+            .fetch_optional(&mut *conn)
+            .await?;
+        Ok(found.is_some())
+    }
+
+    async fn release(
+        conn: &mut SqliteConnection,
+        clock: &dyn Clock,
+        k: &Key,
+        token: Token,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(RELEASE)
+            .bind(key(k))
+            .bind(&token.0[..])
+            .bind(clock.now_millis())
+            .execute(&mut *conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn renew(
+        conn: &mut SqliteConnection,
+        clock: &dyn Clock,
+        k: &Key,
+        token: Token,
+        lease: Duration,
+    ) -> Result<bool, sqlx::Error> {
+        let now = clock.now_millis();
+        let done = sqlx::query(RENEW)
+            .bind(now.saturating_add(millis(lease)))
+            .bind(key(k))
+            .bind(&token.0[..])
+            .bind(now)
+            .execute(&mut *conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn evict(conn: &mut SqliteConnection, k: &Key) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(EVICT).bind(key(k)).execute(&mut *conn).await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn purge(
+        conn: &mut SqliteConnection,
+        clock: &dyn Clock,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(PURGE)
+            .bind(clock.now_millis())
+            .bind(limit)
+            .execute(&mut *conn)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Each migration in its own write transaction: SQLite serialises them,
+    /// and a second process finds the ledger row and skips.
+    async fn migrate(conn: &mut PoolConnection<Sqlite>) -> Result<(), sqlx::Error> {
+        sqlx::query(migrate::SQLITE_LEDGER)
+            .execute(&mut **conn)
+            .await?;
         for m in migrate::SQLITE {
-            let mut tx = conn.begin().await.map_err(|e| self.err(e))?;
+            let mut tx = conn.begin().await?;
             let applied: Option<i64> =
                 sqlx::query_scalar("SELECT version FROM idem_schema_migrations WHERE version = ?1")
                     .bind(m.version)
                     .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(|e| self.err(e))?;
+                    .await?;
             if applied.is_some() {
                 continue;
             }
-            sqlx::raw_sql(m.sql)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| self.err(e))?;
+            // A bare string runs every statement in it; `sqlx::raw_sql` would
+            // too, but its future is not `Send` for every lifetime.
+            (&mut *tx).execute(m.sql).await?;
             sqlx::query(
                 "INSERT INTO idem_schema_migrations (version, description, applied_at) VALUES (?1, ?2, ?3)",
             )
@@ -280,362 +448,14 @@ impl SqliteStore {
             .bind(m.description)
             .bind(SystemClock.now_millis())
             .execute(&mut *tx)
-            .await
-            .map_err(|e| self.err(e))?;
-            tx.commit().await.map_err(|e| self.err(e))?;
+            .await?;
+            tx.commit().await?;
         }
         Ok(())
     }
 
-    async fn read(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-        read_on(&mut conn, key).await.map_err(|e| self.err(e))
-    }
-}
-
-/// A record as read back.
-struct Record {
-    state: i64,
-    fence: i64,
-    lease_until: i64,
-    expires_at: i64,
-    fingerprint: Option<Fingerprint>,
-    result: Option<StoredResultParts>,
-}
-
-struct StoredResultParts {
-    outcome: Outcome,
-    payload: Vec<u8>,
-}
-
-impl Record {
-    fn decode(r: &SqliteRow) -> Result<Record, sqlx::Error> {
-        let fingerprint: Option<Vec<u8>> = r.try_get("fingerprint")?;
-        let fingerprint = fingerprint
-            .map(|b| <[u8; 32]>::try_from(b.as_slice()).map(Fingerprint::from_bytes))
-            .transpose()
-            .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
-        let outcome: Option<i64> = r.try_get("outcome")?;
-        let payload: Option<Vec<u8>> = r.try_get("result")?;
-        let result = match outcome {
-            None => None,
-            Some(code) => Some(StoredResultParts {
-                outcome: Outcome::from_code(code).ok_or_else(|| corrupt("unknown outcome code"))?,
-                payload: payload.unwrap_or_default(),
-            }),
-        };
-        Ok(Record {
-            state: r.try_get("state")?,
-            fence: r.try_get("fence")?,
-            lease_until: r.try_get("lease_until")?,
-            expires_at: r.try_get("expires_at")?,
-            fingerprint,
-            result,
-        })
-    }
-
-    fn live(&self, now: i64) -> bool {
-        self.state != RELEASED && self.expires_at > now
-    }
-
-    fn stored(self) -> Option<StoredResult> {
-        let fingerprint = self.fingerprint;
-        self.result.map(|r| StoredResult {
-            fingerprint,
-            outcome: r.outcome,
-            payload: r.payload,
-        })
-    }
-}
-
-fn corrupt(what: &'static str) -> sqlx::Error {
-    sqlx::Error::Decode(what.into())
-}
-
-fn remaining(until: i64, now: i64) -> Duration {
-    Duration::from_millis(u64::try_from(until.saturating_sub(now)).unwrap_or(0))
-}
-
-fn fence(v: i64) -> u64 {
-    u64::try_from(v).unwrap_or(0)
-}
-
-// The statements, on one connection: a pooled one for the store, or the
-// caller's inside its transaction (`TxConnection`).
-
-async fn read_on(conn: &mut SqliteConnection, key: &Key) -> Result<Option<Record>, sqlx::Error> {
-    sqlx::query(READ)
-        .bind(&key.as_bytes()[..])
-        .fetch_optional(&mut *conn)
-        .await?
-        .map(|r| Record::decode(&r))
-        .transpose()
-}
-
-async fn claim_on(
-    conn: &mut SqliteConnection,
-    clock: &dyn Clock,
-    req: ClaimRequest<'_>,
-) -> Result<Claim, sqlx::Error> {
-    // The upsert and the loser's read are two statements; a row released or
-    // expired in between is simply claimed on the next turn.
-    for _ in 0..8 {
-        let now = clock.now_millis();
-        let won = sqlx::query(CLAIM)
-            .bind(&req.key.as_bytes()[..])
-            .bind(&req.token.0[..])
-            .bind(now.saturating_add(duration_millis(req.lease)))
-            .bind(now.saturating_add(duration_millis(req.ttl)))
-            .bind(req.fingerprint.as_ref().map(|f| &f.as_bytes()[..]))
-            .bind(now)
-            .fetch_optional(&mut *conn)
-            .await?;
-        if let Some(row) = won {
-            let f: i64 = row.try_get("fence")?;
-            let taken_over: bool = row.try_get("taken_over")?;
-            // The statement may have waited for the database's write lock (up
-            // to the busy timeout) with `now` read before: the lease must start
-            // when the claim won, or it begins already spent. Inside a caller's
-            // transaction the write lock is still ours, so the renewal cannot
-            // fail; on the pool another writer may have taken the key over in
-            // between, and then the next round says who holds it.
-            let after = clock.now_millis();
-            if began_long_ago(now, after, req.lease)
-                && !renew_on(&mut *conn, clock, req.key, req.token, req.lease).await?
-            {
-                continue;
-            }
-            return Ok(Claim::Acquired {
-                fence: fence(f),
-                takeover: taken_over,
-            });
-        }
-        let Some(row) = read_on(conn, req.key).await? else {
-            continue;
-        };
-        if !row.live(now) {
-            continue;
-        }
-        match row.state {
-            DONE => {
-                return row
-                    .stored()
-                    .map(Claim::Done)
-                    .ok_or_else(|| corrupt("a DONE record without an outcome"));
-            }
-            PROCESSING if row.lease_until > now => {
-                return Ok(Claim::Busy {
-                    lease_remaining: remaining(row.lease_until, now),
-                    fingerprint: row.fingerprint,
-                });
-            }
-            _ => continue,
-        }
-    }
-    Err(sqlx::Error::Protocol(
-        "the record kept changing under eight claim attempts in a row".into(),
-    ))
-}
-
-/// Whether a lease that started at `started` lost more than a tenth of itself
-/// before `now`: the claim waited for the write lock, and its lease must start
-/// again. A smaller loss is the statement's own run time.
-fn began_long_ago(started: i64, now: i64, lease: Duration) -> bool {
-    now.saturating_sub(started).saturating_mul(10) > duration_millis(lease)
-}
-
-async fn renew_on(
-    conn: &mut SqliteConnection,
-    clock: &dyn Clock,
-    key: &Key,
-    token: Token,
-    lease: Duration,
-) -> Result<bool, sqlx::Error> {
-    let now = clock.now_millis();
-    let done = sqlx::query(RENEW)
-        .bind(now.saturating_add(duration_millis(lease)))
-        .bind(&key.as_bytes()[..])
-        .bind(&token.0[..])
-        .bind(now)
-        .execute(&mut *conn)
-        .await?;
-    Ok(done.rows_affected() == 1)
-}
-
-async fn complete_on(
-    conn: &mut SqliteConnection,
-    clock: &dyn Clock,
-    key: &Key,
-    token: Token,
-    completion: Completion<'_>,
-) -> Result<bool, sqlx::Error> {
-    let expires_at = clock
-        .now_millis()
-        .saturating_add(duration_millis(completion.ttl));
-    let done = sqlx::query(
-        "UPDATE idem_records SET state = 2, outcome = ?1, result = ?2, expires_at = ?3
-         WHERE key = ?4 AND state = 1 AND token = ?5",
-    )
-    .bind(i64::from(completion.outcome.code()))
-    .bind(completion.payload)
-    .bind(expires_at)
-    .bind(&key.as_bytes()[..])
-    .bind(&token.0[..])
-    .execute(&mut *conn)
-    .await?;
-    if done.rows_affected() == 1 {
-        return Ok(true);
-    }
-    // A completion re-sent after a dropped connection finds the record DONE
-    // under its own token: the success it was, not a lost claim.
-    let completed_by_us = sqlx::query(COMPLETED_BY)
-        .bind(&key.as_bytes()[..])
-        .bind(&token.0[..])
-        .fetch_optional(&mut *conn)
-        .await?;
-    Ok(completed_by_us.is_some())
-}
-
-async fn release_on(
-    conn: &mut SqliteConnection,
-    clock: &dyn Clock,
-    key: &Key,
-    token: Token,
-) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query(RELEASE)
-        .bind(&key.as_bytes()[..])
-        .bind(&token.0[..])
-        .bind(clock.now_millis())
-        .execute(&mut *conn)
-        .await?;
-    Ok(done.rows_affected() == 1)
-}
-
-#[async_trait]
-impl Store for SqliteStore {
-    fn backend(&self) -> &'static str {
-        BACKEND
-    }
-
-    fn max_result_bytes(&self) -> usize {
-        self.max_result_bytes
-    }
-
-    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-        claim_on(&mut conn, &*self.clock, req)
-            .await
-            .map_err(|e| self.err(e))
-    }
-
-    async fn complete(
-        &self,
-        key: &Key,
-        token: Token,
-        completion: Completion<'_>,
-    ) -> Result<bool, StoreError> {
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-        complete_on(&mut conn, &*self.clock, key, token, completion)
-            .await
-            .map_err(|e| self.err(e))
-    }
-
-    async fn release(&self, key: &Key, token: Token) -> Result<bool, StoreError> {
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-        release_on(&mut conn, &*self.clock, key, token)
-            .await
-            .map_err(|e| self.err(e))
-    }
-
-    async fn renew(&self, key: &Key, token: Token, lease: Duration) -> Result<bool, StoreError> {
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-        renew_on(&mut conn, &*self.clock, key, token, lease)
-            .await
-            .map_err(|e| self.err(e))
-    }
-
-    async fn inspect(&self, key: &Key) -> Result<Option<RecordInfo>, StoreError> {
-        let now = self.now();
-        let Some(row) = self.read(key).await?.filter(|r| r.live(now)) else {
-            return Ok(None);
-        };
-        let (state, lease_until_millis) = match row.state {
-            PROCESSING => (RecordState::Processing, row.lease_until),
-            _ => (RecordState::Done, 0),
-        };
-        let (f, expires_at_millis) = (fence(row.fence), row.expires_at);
-        Ok(Some(RecordInfo {
-            state,
-            fence: f,
-            lease_until_millis,
-            expires_at_millis,
-            result: row.stored(),
-        }))
-    }
-
-    async fn evict(&self, key: &Key) -> Result<bool, StoreError> {
-        let done = sqlx::query("DELETE FROM idem_records WHERE key = ?1")
-            .bind(&key.as_bytes()[..])
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError> {
-        let done = sqlx::query(PURGE)
-            .bind(self.now())
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(done.rows_affected())
-    }
-}
-
-/// Claims inside the caller's SQLite transaction (`#[idempotent(tx = tx)]`).
-/// SQLite has one writer at a time, so a concurrent duplicate waits for this
-/// transaction (up to the busy timeout) and then replays or claims. Time is
-/// this process's clock.
-#[async_trait]
-impl TxConnection for SqliteConnection {
-    fn backend(&self) -> &'static str {
-        BACKEND
-    }
-
-    fn in_transaction(&self) -> bool {
-        sqlx::Connection::is_in_transaction(self)
-    }
-
-    async fn claim(&mut self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        claim_on(self, &SystemClock, req).await.map_err(tx_err)
-    }
-
-    async fn complete(
-        &mut self,
-        key: &Key,
-        token: Token,
-        completion: Completion<'_>,
-    ) -> Result<bool, StoreError> {
-        complete_on(self, &SystemClock, key, token, completion)
-            .await
-            .map_err(tx_err)
-    }
-
-    async fn release(&mut self, key: &Key, token: Token) -> Result<bool, StoreError> {
-        release_on(self, &SystemClock, key, token)
-            .await
-            .map_err(tx_err)
-    }
-}
-
-fn tx_err(e: sqlx::Error) -> StoreError {
-    StoreError::new(BACKEND, "the caller's transaction", e)
-}
-
-impl AsStore for SqliteStore {
-    fn as_store(&self) -> StoreRef {
-        StoreRef::new(self.clone())
+    fn is_retryable(_: &sqlx::Error) -> bool {
+        false
     }
 }
 

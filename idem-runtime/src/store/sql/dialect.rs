@@ -1,0 +1,108 @@
+//! What each SQL database supplies to the shared store: its statements, its
+//! clock, its migration lock, and which of its errors are worth a retry. The
+//! algorithms (the claim loop, completion, the judgement of a record, retries
+//! on the pool) are written once in [`super::store`].
+
+use std::future::Future;
+
+use sqlx::pool::PoolConnection;
+
+use crate::clock::Clock;
+use crate::key::Key;
+use crate::store::{ClaimRequest, Completion, Token};
+
+use super::record::{Record, Upserted};
+
+/// A database the SQL stores speak, implemented on sqlx's `Sqlite`,
+/// `Postgres` and `MySql` (as sqlx's own `Migrate` is per database).
+///
+/// Every step runs on one connection: a pooled one for the store,
+/// or the caller's inside its transaction (`TxConnection`). `clock` is the
+/// store's clock; a dialect that reads the server's clock in its SQL ignores
+/// it. No step retries: the pool path retries whole operations on
+/// [`Dialect::is_retryable`] errors, and the transaction path must not (a lost
+/// deadlock has rolled the caller's transaction back).
+pub(crate) trait Dialect: sqlx::Database {
+    /// The backend's name, for errors, metrics and logs.
+    const BACKEND: &'static str;
+
+    /// Whether the claim loop reads the record before the upsert, answering a
+    /// replay or Busy from that plain read. A dialect whose upsert locks even a
+    /// row it refuses needs it, or replays of a hot key inside transactions
+    /// queue behind each other; one whose upsert checks first on its own does
+    /// not.
+    const READ_FIRST: bool;
+
+    /// The record under `key` (a plain read that takes no lock), with the
+    /// clock of the reading.
+    fn read(
+        conn: &mut Self::Connection,
+        clock: &dyn Clock,
+        key: &Key,
+    ) -> impl Future<Output = Result<Option<Record>, sqlx::Error>> + Send;
+
+    /// The claim's one upsert: takes the record if it may be taken, with the
+    /// lease and expiry counting from when the row was had.
+    fn upsert(
+        conn: &mut Self::Connection,
+        clock: &dyn Clock,
+        req: ClaimRequest<'_>,
+    ) -> impl Future<Output = Result<Upserted, sqlx::Error>> + Send;
+
+    /// Marks the record DONE if `token` still owns it (PROCESSING).
+    fn complete(
+        conn: &mut Self::Connection,
+        clock: &dyn Clock,
+        key: &Key,
+        token: Token,
+        completion: Completion<'_>,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// Whether the record is DONE under `token`: a re-sent completion.
+    fn completed_by(
+        conn: &mut Self::Connection,
+        key: &Key,
+        token: Token,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// Releases (and expires) the record if `token` still owns it.
+    fn release(
+        conn: &mut Self::Connection,
+        clock: &dyn Clock,
+        key: &Key,
+        token: Token,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// Extends the lease from when the row is had, keeping expiry past it.
+    fn renew(
+        conn: &mut Self::Connection,
+        clock: &dyn Clock,
+        key: &Key,
+        token: Token,
+        lease: std::time::Duration,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// Deletes the record whatever its state.
+    fn evict(
+        conn: &mut Self::Connection,
+        key: &Key,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// Deletes up to `limit` dead records in `expires_at` order, skipping rows
+    /// other transactions hold where the database can.
+    fn purge(
+        conn: &mut Self::Connection,
+        clock: &dyn Clock,
+        limit: i64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// Applies the embedded migrations not yet recorded, under the dialect's
+    /// lock against concurrent processes.
+    fn migrate(
+        conn: &mut PoolConnection<Self>,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// Whether the error is a lost lock conflict, so running the operation
+    /// again may succeed.
+    fn is_retryable(error: &sqlx::Error) -> bool;
+}

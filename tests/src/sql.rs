@@ -1,0 +1,170 @@
+//! Cases every SQL store runs, for behaviour only a SQL store has (a record
+//! written by hand, the clamp on absurd durations, a server that never
+//! answers). Each dialect's test file calls them with its store and the one
+//! statement only it can write.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use idem_runtime::{Claim, ClaimRequest, Clock, Key, Store, StoreError, SystemClock, Token};
+
+use crate::conformance::fresh_key;
+
+/// The longest lease or ttl any SQL store writes: about 35,000 years, the
+/// Redis store's bound too.
+pub const MAX_MILLIS: i64 = 1 << 50;
+
+fn request(key: &Key, token: Token, d: Duration) -> ClaimRequest<'_> {
+    ClaimRequest {
+        key,
+        token,
+        fingerprint: None,
+        lease: d,
+        ttl: d,
+    }
+}
+
+/// The error is the store's, names it, and carries the database error
+/// (`sqlx::Error`) as its source: the same shape on every dialect.
+pub fn assert_store_error(store: &dyn Store, e: &StoreError, what: &str) {
+    assert_eq!(e.backend(), store.backend(), "{what}: {e}");
+    assert!(
+        e.to_string().starts_with(&format!(
+            "idempotency store {} ({}): ",
+            store.backend(),
+            e.location()
+        )),
+        "{what}: {e}"
+    );
+    let source = std::error::Error::source(e).and_then(|s| s.downcast_ref::<sqlx::Error>());
+    assert!(
+        matches!(source, Some(sqlx::Error::Decode(_))),
+        "{what}: a decode error expected, got {source:?}"
+    );
+}
+
+/// A record the store cannot read as any state it knows (`set_state` writes
+/// `state = 7` on the key's row) fails closed: claims and inspection are
+/// errors, never a takeover, a replay, or "DONE".
+pub async fn unknown_state_fails_closed<F, Fut>(store: &dyn Store, set_state: F)
+where
+    F: FnOnce(Key) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let key = fresh_key("unknown-state");
+    let claimed = store
+        .claim(request(&key, Token::random(), Duration::from_secs(60)))
+        .await
+        .expect("claim");
+    assert!(matches!(claimed, Claim::Acquired { .. }), "{claimed:?}");
+    set_state(key).await;
+    let claim = store
+        .claim(request(&key, Token::random(), Duration::from_secs(60)))
+        .await;
+    assert_store_error(
+        store,
+        &claim.expect_err("a claim on an unknown state"),
+        "claim",
+    );
+    let inspect = store.inspect(&key).await;
+    assert_store_error(
+        store,
+        &inspect.expect_err("inspecting an unknown state"),
+        "inspect",
+    );
+}
+
+/// A DONE record without an outcome (`clear_outcome` sets `outcome = NULL` on
+/// the key's row) is corrupt: replaying it and inspecting it are errors.
+pub async fn done_without_outcome_fails_closed<F, Fut>(store: &dyn Store, clear_outcome: F)
+where
+    F: FnOnce(Key) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let key = fresh_key("no-outcome");
+    let token = Token::random();
+    store
+        .claim(request(&key, token, Duration::from_secs(60)))
+        .await
+        .expect("claim");
+    let completion = idem_runtime::Completion {
+        outcome: idem_runtime::Outcome::Success,
+        payload: b"1",
+        ttl: Duration::from_secs(60),
+    };
+    assert!(
+        store
+            .complete(&key, token, completion)
+            .await
+            .expect("complete")
+    );
+    clear_outcome(key).await;
+    let claim = store
+        .claim(request(&key, Token::random(), Duration::from_secs(60)))
+        .await;
+    assert_store_error(store, &claim.expect_err("replaying it"), "claim");
+    let inspect = store.inspect(&key).await;
+    assert_store_error(store, &inspect.expect_err("inspecting it"), "inspect");
+}
+
+/// `Duration::MAX` as lease and ttl is written as [`MAX_MILLIS`] from now on
+/// every SQL store: never wrapped, refused, or stored as a different
+/// "forever" per dialect.
+pub async fn absurd_durations_are_clamped_alike(store: &dyn Store) {
+    let key = fresh_key("clamp");
+    let token = Token::random();
+    let before = SystemClock.now_millis();
+    store
+        .claim(request(&key, token, Duration::MAX))
+        .await
+        .expect("claim");
+    assert!(
+        store
+            .renew(&key, token, Duration::MAX)
+            .await
+            .expect("renew")
+    );
+    let info = store.inspect(&key).await.expect("inspect").expect("live");
+    let after = SystemClock.now_millis();
+    // A minute either way for the server's clock against ours.
+    let window = before + MAX_MILLIS - 60_000..=after + MAX_MILLIS + 60_000;
+    assert!(window.contains(&info.lease_until_millis), "{info:?}");
+    assert!(window.contains(&info.expires_at_millis), "{info:?}");
+}
+
+/// A server that accepts connections and never says a word: opening a store
+/// on it must fail within a bounded time, however the driver waits.
+pub async fn silent_server() -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a local port");
+    let addr = listener.local_addr().expect("local address");
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    (addr, task)
+}
+
+/// Opening against [`silent_server`] with a 1 s acquire timeout: an error
+/// naming the backend, well within a generous deadline.
+pub async fn opening_on_a_silent_server_is_bounded<F, Fut, S>(backend: &str, open: F)
+where
+    F: FnOnce(SocketAddr) -> Fut,
+    Fut: Future<Output = Result<S, StoreError>>,
+{
+    let (addr, server) = silent_server().await;
+    let opened = tokio::time::timeout(Duration::from_secs(60), open(addr)).await;
+    server.abort();
+    let Ok(opened) = opened else {
+        panic!("opening a store on a silent server hung");
+    };
+    let Err(e) = opened else {
+        panic!("a silent server opened a store");
+    };
+    assert_eq!(e.backend(), backend, "{e}");
+    assert!(e.to_string().contains(&addr.port().to_string()), "{e}");
+}
