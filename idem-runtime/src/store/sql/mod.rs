@@ -12,12 +12,12 @@
 //! by catching a unique violation.
 
 mod dialect;
-mod migrate;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod record;
+mod schema_migrations;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod store;

@@ -17,8 +17,8 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Connection as _, Executor as _, MySql, Row as _};
 
 use super::dialect::Dialect;
-use super::migrate;
 use super::record::{Record, Upserted, millis};
+use super::schema_migrations;
 use super::store::{Core, Settings, connect_pool, server_location, sql_store, tx_connection};
 use crate::clock::{Clock, SystemClock};
 use crate::error::StoreError;
@@ -721,8 +721,10 @@ fn is_transient_code(number: u16) -> bool {
 async fn apply_migrations(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
     // A bare string runs as a simple query, every statement in it; the
     // futures of `sqlx::raw_sql` are not `Send` for every lifetime.
-    (&mut *conn).execute(migrate::MYSQL_LEDGER).await?;
-    for m in migrate::MYSQL {
+    (&mut *conn)
+        .execute(schema_migrations::MYSQL_LEDGER)
+        .await?;
+    for m in schema_migrations::MYSQL {
         let applied: Option<i64> =
             sqlx::query_scalar("SELECT version FROM idem_schema_migrations WHERE version = ?")
                 .bind(m.version)

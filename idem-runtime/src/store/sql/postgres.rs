@@ -11,8 +11,8 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, Postgres};
 use sqlx::{Connection as _, Executor as _, Row as _};
 
 use super::dialect::Dialect;
-use super::migrate;
 use super::record::{Record, Upserted, Won, millis};
+use super::schema_migrations;
 use super::store::{Core, Settings, connect_pool, server_location, sql_store, tx_connection};
 use crate::clock::{Clock, SystemClock};
 use crate::error::StoreError;
@@ -560,7 +560,7 @@ impl Dialect for Postgres {
     async fn migrate(conn: &mut PoolConnection<Postgres>) -> Result<(), sqlx::Error> {
         let mut tx = conn.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
-            .bind(migrate::POSTGRES_LOCK)
+            .bind(schema_migrations::POSTGRES_LOCK)
             .execute(&mut *tx)
             .await?;
         // Checked rather than `CREATE TABLE IF NOT EXISTS`, which logs a notice
@@ -570,14 +570,14 @@ impl Dialect for Postgres {
                 .fetch_one(&mut *tx)
                 .await?;
         if !has_ledger {
-            sqlx::query(migrate::POSTGRES_LEDGER)
+            sqlx::query(schema_migrations::POSTGRES_LEDGER)
                 .execute(&mut *tx)
                 .await?;
         }
         let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM idem_schema_migrations")
             .fetch_all(&mut *tx)
             .await?;
-        for m in migrate::POSTGRES {
+        for m in schema_migrations::POSTGRES {
             if applied.contains(&m.version) {
                 continue;
             }

@@ -14,8 +14,8 @@ use sqlx::sqlite::{
 use sqlx::{Connection as _, Executor as _, Row as _, Sqlite, SqliteConnection};
 
 use super::dialect::Dialect;
-use super::migrate;
 use super::record::{Record, Upserted, Won, millis};
+use super::schema_migrations;
 use super::store::{Core, Settings, sql_store, tx_connection};
 use crate::clock::{Clock, SystemClock};
 use crate::error::StoreError;
@@ -425,10 +425,10 @@ impl Dialect for Sqlite {
     /// Each migration in its own write transaction: SQLite serialises them,
     /// and a second process finds the ledger row and skips.
     async fn migrate(conn: &mut PoolConnection<Sqlite>) -> Result<(), sqlx::Error> {
-        sqlx::query(migrate::SQLITE_LEDGER)
+        sqlx::query(schema_migrations::SQLITE_LEDGER)
             .execute(&mut **conn)
             .await?;
-        for m in migrate::SQLITE {
+        for m in schema_migrations::SQLITE {
             let mut tx = conn.begin().await?;
             let applied: Option<i64> =
                 sqlx::query_scalar("SELECT version FROM idem_schema_migrations WHERE version = ?1")
