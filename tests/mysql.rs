@@ -186,7 +186,7 @@ async fn claimed_and_completed(
     tx
 }
 
-/// The reference's "record exists but the business did not run": a claim and
+/// The classic "record exists but the business did not run": a claim and
 /// completion inside a transaction that rolls back leave nothing behind, and a
 /// retry runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
