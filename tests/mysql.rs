@@ -486,6 +486,53 @@ async fn charge(store: &MySqlStore, order_id: u64, runs: &AtomicUsize) -> Result
     Ok(order_id)
 }
 
+/// `tx = conn` on a connection in autocommit: the claim would commit at once
+/// with nothing renewing its lease while the body holds the connection.
+#[idempotent(key = "order_id", tx = conn, scope = "mysql-tests.autocommit")]
+async fn charge_on_connection(
+    conn: &mut sqlx::MySqlConnection,
+    order_id: u64,
+    runs: &AtomicUsize,
+) -> Result<u64, AppError> {
+    let _ = &conn;
+    runs.fetch_add(1, SeqCst);
+    Ok(order_id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_in_autocommit_is_refused_before_the_body_runs() {
+    let Some(store) = store().await else { return };
+    let runs = AtomicUsize::new(0);
+    let order_id = u64::from_le_bytes(Token::random().0[..8].try_into().unwrap());
+    let mut conn = store.pool().acquire().await.unwrap();
+    let err = charge_on_connection(&mut conn, order_id, &runs)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AppError::Idem(Error::NotInTransaction { .. })),
+        "{err:?}"
+    );
+    assert_eq!(runs.load(SeqCst), 0, "the body never ran");
+    let key = Key::builder("mysql-tests.autocommit")
+        .part(&order_id)
+        .finish();
+    assert!(
+        store.inspect(&key).await.unwrap().is_none(),
+        "nothing claimed"
+    );
+
+    // Inside a transaction begun through sqlx the same call runs.
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    assert_eq!(
+        charge_on_connection(&mut tx, order_id, &runs)
+            .await
+            .unwrap(),
+        order_id
+    );
+    tx.rollback().await.unwrap();
+    assert_eq!(runs.load(SeqCst), 1);
+}
+
 const CLOSED_PORT_URL: &str = "mysql://app:s3cret@127.0.0.1:1/test";
 
 fn assert_safe_store_error(e: &idem_runtime::StoreError) {
