@@ -46,6 +46,8 @@ mod clock;
 mod diagnostics;
 mod error;
 mod flow;
+#[cfg(feature = "tower")]
+pub mod http;
 mod install;
 pub mod key;
 mod observe;
