@@ -156,7 +156,7 @@ async fn an_in_flight_duplicate_is_409_with_retry_after() {
         .parse()
         .unwrap();
     assert!(
-        retry >= 1 && retry < 30,
+        (1..30).contains(&retry),
         "Retry-After {retry} is a hint, not the lease"
     );
     assert_eq!(first.await.unwrap(), StatusCode::CREATED);
