@@ -260,7 +260,8 @@ async fn a_lease_past_its_end_is_taken_over_and_the_stale_owner_is_fenced() {
 
     // Within the (default 30 s) lease the claim holds.
     match idem_err(svc.run(1).await) {
-        Error::InProgress { retry_after, .. } => assert_eq!(retry_after, Duration::from_secs(30)),
+        // A hint of when the first call is likely done, not the 30 s lease.
+        Error::InProgress { retry_after, .. } => assert!(retry_after < Duration::from_secs(30)),
         other => panic!("expected InProgress, got {other:?}"),
     }
     assert_eq!(count(&svc.runs), 1);

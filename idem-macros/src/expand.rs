@@ -117,7 +117,8 @@ fn type_checks(
                 || quote_spanned!(err_span=> #ke::__private::assert_storable_error::<#err>();),
             );
             let checks = quote! {
-                #ko::__private::assert_serializable::<#ok>();
+                // `_`: the stored form's marker (serde, or axum's `Json`), inferred.
+                #ko::__private::assert_serializable::<#ok, _>();
                 #ke::__private::assert_error_type::<#err>();
                 #storable
             };
@@ -133,7 +134,7 @@ fn type_checks(
             } else {
                 quote_spanned!(span=> assert_result)
             };
-            let checks = quote_spanned!(span=> #k::__private::#assert::<#ret>(););
+            let checks = quote_spanned!(span=> #k::__private::#assert::<#ret, _>(););
             (checks, ret, span, span)
         }
     };

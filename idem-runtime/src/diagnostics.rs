@@ -34,7 +34,7 @@ use std::marker::PhantomData;
 use serde::Serialize;
 
 use crate::key::{Fingerprint, Key};
-use crate::protocol::{self, Cacheable, FromIdemError, Spec, StorableError};
+use crate::protocol::{self, FromIdemError, Spec, StorableError, StoredForm, ViaSerde};
 use crate::store::StoreRef;
 use crate::store::tx::AsTxConnection;
 
@@ -68,12 +68,14 @@ impl<R> ErrProbe<R> {
     }
 }
 
-/// Chosen when the probed type `T` is `Serialize`: checks the rest.
-pub trait SerializeHolds<T> {
+/// Chosen when the probed type `T` is `Serialize` (or, for `M` other than
+/// [`ViaSerde`], wraps a `Serialize` type in a form that has a
+/// [`StoredForm`]): checks the rest.
+pub trait SerializeHolds<T, M> {
     #[inline]
     fn assert_cacheable(&self)
     where
-        T: Cacheable,
+        T: StoredForm<M>,
     {
     }
 
@@ -85,8 +87,8 @@ pub trait SerializeHolds<T> {
     }
 }
 
-impl<R: IdemResult> SerializeHolds<R::Ok> for OkProbe<R> where R::Ok: Serialize {}
-impl<R: IdemResult> SerializeHolds<R::Err> for ErrProbe<R> where R::Err: Serialize {}
+impl<R: IdemResult, M> SerializeHolds<R::Ok, M> for OkProbe<R> where R::Ok: CacheableSerialize<M> {}
+impl<R: IdemResult> SerializeHolds<R::Err, ViaSerde> for ErrProbe<R> where R::Err: Serialize {}
 
 /// Chosen when the probed type is not even `Serialize` (already reported), or
 /// `R` is no `Result` at all (reported by `assert_result`).
@@ -101,8 +103,8 @@ pub trait SerializeMissing {
 impl<R> SerializeMissing for &OkProbe<R> {}
 impl<R> SerializeMissing for &ErrProbe<R> {}
 
-/// The protocol, for result types it can cache.
-pub trait WhenTypesHold<T, E> {
+/// The protocol, for result types it can cache (in the stored form `M`).
+pub trait WhenTypesHold<T, E, M> {
     fn execute<'a, F>(
         &self,
         spec: &'a Spec,
@@ -141,7 +143,9 @@ pub trait WhenTypesHold<T, E> {
         E: 'a;
 }
 
-impl<T: Cacheable, E: FromIdemError> WhenTypesHold<T, E> for Dispatch<Result<T, E>> {
+impl<T: StoredForm<M>, E: FromIdemError, M: 'static> WhenTypesHold<T, E, M>
+    for Dispatch<Result<T, E>>
+{
     fn execute<'a, F>(
         &self,
         spec: &'a Spec,
@@ -155,7 +159,7 @@ impl<T: Cacheable, E: FromIdemError> WhenTypesHold<T, E> for Dispatch<Result<T, 
         T: 'a,
         E: 'a,
     {
-        protocol::execute(spec, store, key, fingerprint, body)
+        protocol::execute_stored::<T, M, E, F>(spec, store, key, fingerprint, body)
     }
 
     fn run_step<'a, F>(
@@ -168,7 +172,7 @@ impl<T: Cacheable, E: FromIdemError> WhenTypesHold<T, E> for Dispatch<Result<T, 
         T: 'a,
         E: 'a,
     {
-        protocol::run_step(name, body)
+        protocol::run_stored_step::<T, M, E, F>(name, body)
     }
 
     fn execute_in_tx<'a, C, F>(
@@ -185,14 +189,14 @@ impl<T: Cacheable, E: FromIdemError> WhenTypesHold<T, E> for Dispatch<Result<T, 
         T: 'a,
         E: 'a,
     {
-        protocol::execute_in_tx(spec, conn, key, fingerprint, body)
+        protocol::execute_stored_in_tx::<C, T, M, E, F>(spec, conn, key, fingerprint, body)
     }
 }
 
 /// The protocol with `final_err`, for error types it can also store. A trait of
 /// its own, so that its extra bound on `E` selects the fallback instead of
 /// failing at the attribute.
-pub trait WhenTypesHoldKeepingFinal<T, E> {
+pub trait WhenTypesHoldKeepingFinal<T, E, M> {
     #[allow(clippy::too_many_arguments)]
     fn execute_keeping_final<'a, F>(
         &self,
@@ -209,8 +213,8 @@ pub trait WhenTypesHoldKeepingFinal<T, E> {
         E: 'a;
 }
 
-impl<T: Cacheable, E: FromIdemError + StorableError> WhenTypesHoldKeepingFinal<T, E>
-    for Dispatch<Result<T, E>>
+impl<T: StoredForm<M>, E: FromIdemError + StorableError, M: 'static>
+    WhenTypesHoldKeepingFinal<T, E, M> for Dispatch<Result<T, E>>
 {
     fn execute_keeping_final<'a, F>(
         &self,
@@ -226,7 +230,14 @@ impl<T: Cacheable, E: FromIdemError + StorableError> WhenTypesHoldKeepingFinal<T
         T: 'a,
         E: 'a,
     {
-        protocol::execute_keeping_final(spec, store, key, fingerprint, is_final, body)
+        protocol::execute_stored_keeping_final::<T, M, E, F>(
+            spec,
+            store,
+            key,
+            fingerprint,
+            is_final,
+            body,
+        )
     }
 }
 
@@ -308,16 +319,21 @@ pub trait AfterTypeError {
 
 impl<R> AfterTypeError for &Dispatch<R> {}
 
-/// The `Serialize` half of [`Cacheable`](crate::protocol::Cacheable). Expansions check it first and alone,
+/// The `Serialize` half of [`StoredForm`]. Expansions check it first and alone,
 /// then the rest only when it holds (see [`SerializeHolds`]), so a type that
 /// has neither serde trait gets one error rather than one per trait.
+///
+/// `M` is the stored form's marker, inferred: [`ViaSerde`] for serde types;
+/// with the `axum` feature, `idem_runtime::http::ViaAxum` for `Json<T>` and
+/// `(StatusCode, Json<T>)` of a `Serialize` `T`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be cached as the result of an idempotent call: it is not `Serialize + DeserializeOwned`",
     label = "the result is stored and replayed to duplicates",
-    note = "the `T` of `Result<T, E>` must implement `Serialize` and `DeserializeOwned` (derive `serde::Serialize` and `serde::Deserialize`)"
+    note = "the `T` of `Result<T, E>` must implement `Serialize` and `DeserializeOwned` (derive `serde::Serialize` and `serde::Deserialize`)",
+    note = "an axum handler returns `Json<T>` or `(StatusCode, Json<T>)` of such a `T` instead (feature `axum`); a bare `Response`, `Html` or `impl IntoResponse` cannot be replayed"
 )]
-pub trait CacheableSerialize: Serialize {}
-impl<T: Serialize + ?Sized> CacheableSerialize for T {}
+pub trait CacheableSerialize<M> {}
+impl<T: Serialize + ?Sized> CacheableSerialize<ViaSerde> for T {}
 
 /// The `Serialize` half of [`StorableError`](crate::protocol::StorableError), checked first and alone like
 /// [`CacheableSerialize`].
@@ -353,7 +369,7 @@ impl<T, E> IdemResult for Result<T, E> {
 /// Pins the first half of the cached type's check to the user's `T`, so the
 /// error lands there; `OkProbe` does the second half.
 #[inline]
-pub fn assert_serializable<T: CacheableSerialize + ?Sized>() {}
+pub fn assert_serializable<T: CacheableSerialize<M> + ?Sized, M>() {}
 
 /// Pins the error type's check to the user's `E`.
 #[inline]
@@ -367,20 +383,20 @@ pub fn assert_storable_error<E: StorableErrorSerialize + ?Sized>() {}
 /// The same checks for a return type whose `T` and `E` are not written out
 /// (an alias such as `io::Result<T>`), on the whole return type.
 #[inline]
-pub fn assert_result<R>()
+pub fn assert_result<R, M>()
 where
     R: IdemResult,
-    R::Ok: CacheableSerialize,
+    R::Ok: CacheableSerialize<M>,
     R::Err: FromIdemError,
 {
 }
 
 /// [`assert_result`] with `final_err`.
 #[inline]
-pub fn assert_result_keeping_final<R>()
+pub fn assert_result_keeping_final<R, M>()
 where
     R: IdemResult,
-    R::Ok: CacheableSerialize,
+    R::Ok: CacheableSerialize<M>,
     R::Err: FromIdemError + StorableErrorSerialize,
 {
 }

@@ -35,7 +35,11 @@ pub enum Error {
     InProgress {
         /// The scope of the call.
         scope: String,
-        /// How long the current claim's lease still holds.
+        /// When the first call's result is likely ready: from how long calls
+        /// of this scope took in this process and, when the first call runs
+        /// here, how long it has run; never past the claim's remaining lease
+        /// (then the claim is decided either way). Not the remaining lease
+        /// itself, which would send a duplicate of a 300 ms call away for 29 s.
         retry_after: Duration,
     },
 

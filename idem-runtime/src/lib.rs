@@ -47,6 +47,8 @@ pub mod consumer;
 mod diagnostics;
 mod error;
 mod flow;
+#[cfg(feature = "tower")]
+pub mod http;
 mod install;
 pub mod key;
 mod observe;

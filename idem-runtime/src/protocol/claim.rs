@@ -9,7 +9,7 @@ use crate::observe::{self, CallOutcome};
 use crate::store::{Claim, ClaimRequest, Outcome, StoreRef, StoredResult, Token};
 
 use super::record::Unstored;
-use super::{Cacheable, ErrorPolicy, FromIdemError, Spec};
+use super::{ErrorPolicy, FromIdemError, Spec, StoredForm, hint, replays};
 
 pub(super) enum Acquired {
     Owner { fence: u64 },
@@ -53,11 +53,13 @@ pub(super) fn judge(
     }
 }
 
-pub(super) fn in_progress(spec: &Spec, retry_after: Duration) -> Error {
+/// `InProgress`, with a hint of when the first call's result is likely ready
+/// rather than when its lease would run out (see `hint.rs`).
+pub(super) fn in_progress(spec: &Spec, key: &Key, lease_remaining: Duration) -> Error {
     observe::call(spec, CallOutcome::InProgress);
     Error::InProgress {
         scope: spec.scope.to_owned(),
-        retry_after,
+        retry_after: hint::retry_after(spec, key, lease_remaining),
     }
 }
 
@@ -100,7 +102,7 @@ pub(super) async fn acquire(
                 tokio::time::sleep(nap).await;
                 backoff = (backoff * 2).min(Duration::from_millis(250));
             }
-            _ => return Err(in_progress(spec, lease_remaining)),
+            _ => return Err(in_progress(spec, key, lease_remaining)),
         }
     }
 }
@@ -111,9 +113,9 @@ fn mismatch(ours: Option<Fingerprint>, theirs: Option<Fingerprint>) -> bool {
     matches!((ours, theirs), (Some(a), Some(b)) if a != b)
 }
 
-pub(super) fn replay<T, E, P>(spec: &Spec, stored: StoredResult, policy: &P) -> Result<T, E>
+pub(super) fn replay<T, M, E, P>(spec: &Spec, stored: StoredResult, policy: &P) -> Result<T, E>
 where
-    T: Cacheable,
+    T: StoredForm<M>,
     E: FromIdemError,
     P: ErrorPolicy<E>,
 {
@@ -126,9 +128,10 @@ where
             source,
         })
     };
+    replays::mark(spec);
     match stored.outcome {
         Outcome::Success => {
-            let value = serde_json::from_slice(&stored.payload).map_err(codec_error)?;
+            let value = T::from_stored(&stored.payload).map_err(codec_error)?;
             observe::call(spec, CallOutcome::Replayed);
             Ok(value)
         }

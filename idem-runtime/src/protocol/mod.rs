@@ -6,11 +6,16 @@
 //!   replaying a stored result;
 //! - `heartbeat.rs`: renewing the lease while the body runs;
 //! - `record.rs`: writing the outcome (complete or release), on a store or on
-//!   the caller's transaction.
+//!   the caller's transaction;
+//! - `hint.rs`: when a duplicate should retry (`Error::InProgress`), from the
+//!   durations this process observed;
+//! - `replays.rs`: telling a caller that a result was replayed.
 
 mod claim;
 mod heartbeat;
+mod hint;
 mod record;
+mod replays;
 
 use std::future::Future;
 
@@ -31,6 +36,8 @@ use claim::{Acquired, Verdict, acquire, claim_failed, in_progress, judge, replay
 use heartbeat::heartbeat;
 use record::finish;
 
+pub use replays::track_replays;
+
 /// A result type that can be stored and replayed.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be cached as the result of an idempotent call: it is not `Serialize + DeserializeOwned`",
@@ -39,6 +46,39 @@ use record::finish;
 )]
 pub trait Cacheable: Serialize + DeserializeOwned {}
 impl<T: Serialize + DeserializeOwned> Cacheable for T {}
+
+/// How a result is written to a record and read back: its stored form.
+///
+/// Every `Serialize + DeserializeOwned` type is stored as its JSON (marker
+/// [`ViaSerde`]). Types that are not serde types themselves but wrap one get
+/// their own impl under another marker, so the impls never overlap: with the
+/// `axum` feature, `Json<T>` and `(StatusCode, Json<T>)` (see
+/// `idem_runtime::http`). The marker is inferred: callers never name it.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be cached as the result of an idempotent call: it is not `Serialize + DeserializeOwned`",
+    label = "the result is stored and replayed to duplicates",
+    note = "the `T` of `Result<T, E>` must implement `Serialize` and `DeserializeOwned` (derive `serde::Serialize` and `serde::Deserialize`)"
+)]
+pub trait StoredForm<M>: Sized {
+    /// The bytes stored in the record.
+    fn to_stored(&self) -> Result<Vec<u8>, serde_json::Error>;
+    /// The value rebuilt from a record, for a duplicate.
+    fn from_stored(bytes: &[u8]) -> Result<Self, serde_json::Error>;
+}
+
+/// The [`StoredForm`] marker of serde types: their JSON.
+#[derive(Debug)]
+pub enum ViaSerde {}
+
+impl<T: Serialize + DeserializeOwned> StoredForm<ViaSerde> for T {
+    fn to_stored(&self) -> Result<Vec<u8>, serde_json::Error> {
+        serde_json::to_vec(self)
+    }
+
+    fn from_stored(bytes: &[u8]) -> Result<Self, serde_json::Error> {
+        serde_json::from_slice(bytes)
+    }
+}
 
 /// An error type `final_err` can store: a final error is replayed to duplicates.
 #[diagnostic::on_unimplemented(
@@ -127,7 +167,25 @@ where
     E: FromIdemError,
     F: Future<Output = Result<T, E>>,
 {
-    run(spec, store, key, fingerprint, body, &ReleaseAll).await
+    run::<T, ViaSerde, E, F, ReleaseAll>(spec, store, key, fingerprint, body, &ReleaseAll).await
+}
+
+/// [`execute`] for any result with a [`StoredForm`]: serde types and, with the
+/// `axum` feature, the response types axum handlers return (`Json<T>`,
+/// `(StatusCode, Json<T>)`). The marker `M` is inferred.
+pub async fn execute_stored<T, M, E, F>(
+    spec: &Spec,
+    store: Option<StoreRef>,
+    key: Key,
+    fingerprint: Option<Fingerprint>,
+    body: F,
+) -> Result<T, E>
+where
+    T: StoredForm<M>,
+    E: FromIdemError,
+    F: Future<Output = Result<T, E>>,
+{
+    run::<T, M, E, F, ReleaseAll>(spec, store, key, fingerprint, body, &ReleaseAll).await
 }
 
 /// Like [`execute`], but an `Err` for which `is_final` returns `true` is stored
@@ -169,7 +227,25 @@ where
     E: FromIdemError + Serialize + DeserializeOwned,
     F: Future<Output = Result<T, E>>,
 {
-    run(spec, store, key, fingerprint, body, &KeepFinal(is_final)).await
+    execute_stored_keeping_final::<T, ViaSerde, E, F>(spec, store, key, fingerprint, is_final, body)
+        .await
+}
+
+/// [`execute_keeping_final`] for any result with a [`StoredForm`].
+pub async fn execute_stored_keeping_final<T, M, E, F>(
+    spec: &Spec,
+    store: Option<StoreRef>,
+    key: Key,
+    fingerprint: Option<Fingerprint>,
+    is_final: fn(&E) -> bool,
+    body: F,
+) -> Result<T, E>
+where
+    T: StoredForm<M>,
+    E: FromIdemError + Serialize + DeserializeOwned,
+    F: Future<Output = Result<T, E>>,
+{
+    run::<T, M, E, F, KeepFinal<E>>(spec, store, key, fingerprint, body, &KeepFinal(is_final)).await
 }
 
 /// Runs `body` at most once per `key`, recording the claim and the result on
@@ -196,6 +272,23 @@ pub async fn execute_in_tx<C, T, E, F>(
 where
     C: AsTxConnection + ?Sized,
     T: Cacheable,
+    E: FromIdemError,
+    F: AsyncFnOnce(&mut C) -> Result<T, E>,
+{
+    execute_stored_in_tx::<C, T, ViaSerde, E, F>(spec, conn, key, fingerprint, body).await
+}
+
+/// [`execute_in_tx`] for any result with a [`StoredForm`].
+pub async fn execute_stored_in_tx<C, T, M, E, F>(
+    spec: &Spec,
+    conn: &mut C,
+    key: Key,
+    fingerprint: Option<Fingerprint>,
+    body: F,
+) -> Result<T, E>
+where
+    C: AsTxConnection + ?Sized,
+    T: StoredForm<M>,
     E: FromIdemError,
     F: AsyncFnOnce(&mut C) -> Result<T, E>,
 {
@@ -228,11 +321,15 @@ where
         let fence = match judge(spec, claim, fingerprint)? {
             Verdict::Decided(Acquired::Replay(stored)) => return replay(spec, stored, &ReleaseAll),
             // A committed PROCESSING record from a call outside any transaction.
-            Verdict::Busy(lease_remaining) => return Err(in_progress(spec, lease_remaining).into()),
+            Verdict::Busy(lease_remaining) => {
+                return Err(in_progress(spec, &key, lease_remaining).into());
+            }
             Verdict::Decided(Acquired::Owner { fence }) => fence,
         };
         let ctx = FlowContext::new(key, fingerprint, None, spec.ttl, spec.lease, Some(fence));
+        let running = hint::Running::start(spec, key);
         let out = flow::scope(ctx, body(&mut *conn)).await;
+        running.finish();
         finish(spec, conn.tx_connection(), &key, token, out, &ReleaseAll).await
     }
     .instrument(span)
@@ -255,6 +352,16 @@ where
 pub async fn run_step<T, E, F>(name: &'static str, body: F) -> Result<T, E>
 where
     T: Cacheable,
+    E: FromIdemError,
+    F: Future<Output = Result<T, E>>,
+{
+    run_stored_step::<T, ViaSerde, E, F>(name, body).await
+}
+
+/// [`run_step`] for any result with a [`StoredForm`].
+pub async fn run_stored_step<T, M, E, F>(name: &'static str, body: F) -> Result<T, E>
+where
+    T: StoredForm<M>,
     E: FromIdemError,
     F: Future<Output = Result<T, E>>,
 {
@@ -285,7 +392,7 @@ where
         .into());
     }
     let (occurrence, key) = flow.next_occurrence(name);
-    let out = run(&spec, Some(store), key, None, body, &ReleaseAll).await;
+    let out = run::<T, M, E, F, ReleaseAll>(&spec, Some(store), key, None, body, &ReleaseAll).await;
     // Only a finished step spends its number; an `Err` (released, in progress,
     // a store failure) hands it back to the next call of this step.
     if out.is_ok() {
@@ -294,7 +401,7 @@ where
     out
 }
 
-async fn run<T, E, F, P>(
+async fn run<T, M, E, F, P>(
     spec: &Spec,
     store: Option<StoreRef>,
     key: Key,
@@ -303,7 +410,7 @@ async fn run<T, E, F, P>(
     policy: &P,
 ) -> Result<T, E>
 where
-    T: Cacheable,
+    T: StoredForm<M>,
     E: FromIdemError,
     F: Future<Output = Result<T, E>>,
     P: ErrorPolicy<E>,
@@ -327,7 +434,9 @@ where
                     Some(fence),
                 );
                 let beat = heartbeat(&store, &key, token, spec.lease, &ctx, body);
+                let running = hint::Running::start(spec, key);
                 let out = flow::scope(ctx.clone(), beat).await;
+                running.finish();
                 let mut store = store;
                 finish(spec, &mut store, &key, token, out, policy).await
             }

@@ -10,7 +10,7 @@ use crate::observe::{self, CallOutcome};
 use crate::store::tx::TxConnection;
 use crate::store::{Completion, Outcome, StoreRef, Token};
 
-use super::{Cacheable, ErrorPolicy, FromIdemError, Spec};
+use super::{ErrorPolicy, FromIdemError, Spec, StoredForm};
 
 /// Why a finished body's result is not in the record.
 #[derive(Debug, Serialize, serde::Deserialize)]
@@ -90,7 +90,7 @@ impl<C: TxConnection + ?Sized> Recorder for C {
     }
 }
 
-pub(super) async fn finish<T, E, P, R>(
+pub(super) async fn finish<T, M, E, P, R>(
     spec: &Spec,
     store: &mut R,
     key: &Key,
@@ -99,13 +99,13 @@ pub(super) async fn finish<T, E, P, R>(
     policy: &P,
 ) -> Result<T, E>
 where
-    T: Cacheable,
+    T: StoredForm<M>,
     E: FromIdemError,
     P: ErrorPolicy<E>,
     R: Recorder + ?Sized,
 {
     let (outcome, payload) = match &out {
-        Ok(value) => match serde_json::to_vec(value) {
+        Ok(value) => match value.to_stored() {
             Ok(bytes) => (Outcome::Success, bytes),
             Err(e) => unencodable(&e),
         },

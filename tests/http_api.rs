@@ -1,0 +1,224 @@
+//! `examples/http_api.rs` over real loopback HTTP with reqwest: the contract
+//! the example documents.
+
+#[path = "../examples/http_api.rs"]
+mod http_api;
+
+use std::time::Duration;
+
+use http_api::{App, Order, router};
+use idem_runtime::StoreRef;
+use idem_runtime::store::sql::SqliteStore;
+use reqwest::StatusCode;
+use serde_json::json;
+
+async fn serve(work: Duration) -> String {
+    let store = SqliteStore::in_memory().await.unwrap();
+    let app = App::new(StoreRef::new(store), work);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router(app)).await.unwrap() });
+    format!("http://{addr}")
+}
+
+fn order_body() -> serde_json::Value {
+    json!({"user_id": 1, "sku": "A-1", "qty": 2})
+}
+
+async fn post_order(
+    c: &reqwest::Client,
+    base: &str,
+    key: Option<&str>,
+    tenant: &str,
+    body: &serde_json::Value,
+) -> reqwest::Response {
+    let mut rb = c
+        .post(format!("{base}/orders"))
+        .header("x-tenant", tenant)
+        .json(body);
+    if let Some(k) = key {
+        rb = rb.header("idempotency-key", k);
+    }
+    rb.send().await.unwrap()
+}
+
+async fn orders(c: &reqwest::Client, base: &str) -> Vec<Order> {
+    let r = c.get(format!("{base}/orders")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    r.json().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_duplicate_posts_create_one_order() {
+    let base = serve(Duration::from_millis(300)).await;
+    let c = reqwest::Client::new();
+    let calls = (0..50).map(|_| {
+        let (c, base) = (c.clone(), base.clone());
+        tokio::spawn(async move {
+            let r = post_order(&c, &base, Some("dup-50"), "acme", &order_body()).await;
+            (r.status(), r.bytes().await.unwrap())
+        })
+    });
+    let results = futures_util::future::join_all(calls).await;
+    let mut ok_bodies = std::collections::HashSet::new();
+    for r in results {
+        let (status, body) = r.unwrap();
+        if status.is_success() {
+            assert_eq!(status, StatusCode::CREATED);
+            ok_bodies.insert(body);
+        } else {
+            assert_eq!(
+                status,
+                StatusCode::CONFLICT,
+                "{}",
+                String::from_utf8_lossy(&body)
+            );
+        }
+    }
+    assert_eq!(ok_bodies.len(), 1, "every 2xx carries the same body");
+    assert_eq!(orders(&c, &base).await.len(), 1, "one order");
+}
+
+#[tokio::test]
+async fn a_replay_after_completion_is_byte_identical_and_marked() {
+    let base = serve(Duration::ZERO).await;
+    let c = reqwest::Client::new();
+    let first = post_order(&c, &base, Some("k-1"), "acme", &order_body()).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let first = first.bytes().await.unwrap();
+    let order: Order = serde_json::from_slice(&first).unwrap();
+    assert_eq!(
+        (order.user_id, order.sku.as_str(), order.qty),
+        (1, "A-1", 2)
+    );
+
+    let again = post_order(&c, &base, Some("k-1"), "acme", &order_body()).await;
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.bytes().await.unwrap(), first);
+    assert_eq!(orders(&c, &base).await, vec![order]);
+}
+
+#[tokio::test]
+async fn the_same_key_with_another_body_is_422() {
+    let base = serve(Duration::ZERO).await;
+    let c = reqwest::Client::new();
+    assert_eq!(
+        post_order(&c, &base, Some("k-2"), "acme", &order_body())
+            .await
+            .status(),
+        201
+    );
+    let other = json!({"user_id": 1, "sku": "A-1", "qty": 3});
+    let r = post_order(&c, &base, Some("k-2"), "acme", &other).await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    assert_eq!(orders(&c, &base).await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_missing_key_is_400() {
+    let base = serve(Duration::ZERO).await;
+    let c = reqwest::Client::new();
+    let r = post_order(&c, &base, None, "acme", &order_body()).await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    assert!(orders(&c, &base).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_flight_duplicate_is_409_with_retry_after() {
+    let base = serve(Duration::from_secs(2)).await;
+    let c = reqwest::Client::new();
+    let first = tokio::spawn({
+        let (c, base) = (c.clone(), base.clone());
+        async move {
+            post_order(&c, &base, Some("k-3"), "acme", &order_body())
+                .await
+                .status()
+        }
+    });
+    // Until the first one holds the key (no fixed sleep): a duplicate is then 409.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let dup = loop {
+        let r = post_order(&c, &base, Some("k-3"), "acme", &order_body()).await;
+        if r.status() == StatusCode::CONFLICT || tokio::time::Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(dup.status(), StatusCode::CONFLICT);
+    assert_eq!(dup.headers()["content-type"], "application/problem+json");
+    let retry: u64 = dup.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (1..30).contains(&retry),
+        "Retry-After {retry} is a hint, not the lease"
+    );
+    assert_eq!(first.await.unwrap(), StatusCode::CREATED);
+    assert_eq!(orders(&c, &base).await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_two_mib_body_is_413() {
+    let base = serve(Duration::ZERO).await;
+    let c = reqwest::Client::new();
+    let big = json!({"user_id": 1, "sku": "x".repeat(2 * 1024 * 1024), "qty": 2});
+    let r = post_order(&c, &base, Some("k-4"), "acme", &big).await;
+    assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    assert!(orders(&c, &base).await.is_empty());
+}
+
+#[tokio::test]
+async fn the_same_key_from_another_tenant_creates_its_own_order() {
+    let base = serve(Duration::ZERO).await;
+    let c = reqwest::Client::new();
+    let a = post_order(&c, &base, Some("k-5"), "acme", &order_body()).await;
+    let b = post_order(&c, &base, Some("k-5"), "globex", &order_body()).await;
+    assert_eq!(
+        (a.status(), b.status()),
+        (StatusCode::CREATED, StatusCode::CREATED)
+    );
+    assert!(b.headers().get("idempotent-replayed").is_none());
+    let (a, b): (Order, Order) = (a.json().await.unwrap(), b.json().await.unwrap());
+    assert_ne!(a.id, b.id);
+    assert_eq!((a.tenant.as_str(), b.tenant.as_str()), ("acme", "globex"));
+    assert_eq!(orders(&c, &base).await.len(), 2);
+}
+
+#[tokio::test]
+async fn the_business_key_route_replays_with_the_attribute() {
+    let base = serve(Duration::ZERO).await;
+    let c = reqwest::Client::new();
+    let put = |body: serde_json::Value| {
+        c.put(format!("{base}/users/1/orders/n-77"))
+            .json(&body)
+            .send()
+    };
+    let first = put(order_body()).await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let first: Order = first.json().await.unwrap();
+
+    let again = put(order_body()).await.unwrap();
+    assert_eq!(
+        again.status(),
+        StatusCode::CREATED,
+        "the stored status replays too"
+    );
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.json::<Order>().await.unwrap(), first);
+
+    // The whole body is the fingerprint: the same order number with another body.
+    let other = put(json!({"user_id": 1, "sku": "A-1", "qty": 9}))
+        .await
+        .unwrap();
+    assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(other.headers()["content-type"], "application/problem+json");
+    assert_eq!(orders(&c, &base).await.len(), 1);
+}

@@ -1,0 +1,209 @@
+//! `#[idempotent]` on axum handlers over real loopback HTTP; the retry hint
+//! and the replay signal of the protocol.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::time::Duration;
+
+use idem_runtime::protocol::{Kind, Spec, execute, track_replays};
+use idem_runtime::store::memory::MemoryStore;
+use idem_runtime::{Error, Key, StoreRef};
+
+fn unique(scope: &str) -> Key {
+    use std::hash::{BuildHasher, RandomState};
+    let n = RandomState::new().hash_one(std::time::SystemTime::now());
+    Key::builder(scope).part(&n).finish()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_progress_hints_when_the_result_is_likely_ready_not_the_lease() {
+    // A 30 s lease, calls that take about 300 ms: the remaining lease (~30 s)
+    // would send a duplicate away a hundred times too long.
+    const SPEC: Spec = Spec::new("http_attribute.hint", Kind::Call).lease(Duration::from_secs(30));
+    let store = StoreRef::new(MemoryStore::new());
+    let quick = || async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Ok::<u32, Error>(1)
+    };
+    execute(
+        &SPEC,
+        Some(store.clone()),
+        unique(SPEC.scope),
+        None,
+        quick(),
+    )
+    .await
+    .unwrap();
+
+    let key = unique(SPEC.scope);
+    let started = Arc::new(tokio::sync::Notify::new());
+    let first = tokio::spawn({
+        let (store, started) = (store.clone(), started.clone());
+        async move {
+            execute(&SPEC, Some(store), key, None, async {
+                started.notify_one();
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Ok::<u32, Error>(2)
+            })
+            .await
+        }
+    });
+    started.notified().await;
+    let dup: Result<u32, Error> =
+        execute(&SPEC, Some(store.clone()), key, None, async { Ok(3) }).await;
+    match dup {
+        Err(Error::InProgress { retry_after, .. }) => {
+            assert!(retry_after <= Duration::from_secs(1), "{retry_after:?}");
+            assert!(retry_after > Duration::ZERO);
+        }
+        other => panic!("expected InProgress, got {other:?}"),
+    }
+    assert_eq!(first.await.unwrap().unwrap(), 2);
+}
+
+#[tokio::test]
+async fn a_replay_is_told_apart_from_a_first_execution() {
+    const SPEC: Spec = Spec::new("http_attribute.replays", Kind::Call);
+    const INNER: Spec = Spec::new("http_attribute.replays.inner", Kind::Call);
+    let store = StoreRef::new(MemoryStore::new());
+    let (key, inner_key) = (unique(SPEC.scope), unique(INNER.scope));
+    let runs = Arc::new(AtomicUsize::new(0));
+    // The inner call is already done: inside the outer body it replays, which
+    // does not make the outer call a replay.
+    execute::<u32, Error, _>(&INNER, Some(store.clone()), inner_key, None, async {
+        Ok(5)
+    })
+    .await
+    .unwrap();
+    let call = || {
+        let (store, runs) = (store.clone(), runs.clone());
+        execute::<u32, Error, _>(&SPEC, Some(store.clone()), key, None, async move {
+            runs.fetch_add(1, SeqCst);
+            execute::<u32, Error, _>(&INNER, Some(store), inner_key, None, async { Ok(6) }).await
+        })
+    };
+    let (first, replayed) = track_replays(call()).await;
+    assert_eq!((first.unwrap(), replayed), (5, false));
+    let (again, replayed) = track_replays(call()).await;
+    assert_eq!((again.unwrap(), replayed), (5, true));
+    assert_eq!(runs.load(SeqCst), 1);
+}
+
+mod axum_handlers {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+    use axum::extract::{Path, State};
+    use axum::response::{IntoResponse, Response};
+    use axum::routing::post;
+    use axum::{Json, Router};
+    use idem_runtime::http::{IdempotencyKey, ReplayedHeaderLayer};
+    use idem_runtime::idempotent;
+    use idem_runtime::store::memory::MemoryStore;
+    use reqwest::StatusCode;
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Transfer {
+        account: u64,
+        cents: u64,
+    }
+
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Receipt {
+        run: usize,
+        cents: u64,
+    }
+
+    struct Bank {
+        store: MemoryStore,
+        runs: AtomicUsize,
+    }
+
+    enum AppError {
+        Idem(idem_runtime::Error),
+    }
+
+    impl From<idem_runtime::Error> for AppError {
+        fn from(e: idem_runtime::Error) -> Self {
+            AppError::Idem(e)
+        }
+    }
+
+    impl IntoResponse for AppError {
+        fn into_response(self) -> Response {
+            match self {
+                AppError::Idem(e) => e.into_response(),
+            }
+        }
+    }
+
+    /// `Result<Json<T>, AppError>`, `State`, `Path`, the shipped key
+    /// extractor and a `Json(req)` pattern: nothing added for idem's sake.
+    #[idempotent(
+        key = "account|key",
+        fingerprint = "req.cents",
+        store = bank.store
+    )]
+    async fn transfer(
+        State(bank): State<Arc<Bank>>,
+        Path(account): Path<u64>,
+        key: IdempotencyKey,
+        Json(req): Json<Transfer>,
+    ) -> Result<Json<Receipt>, AppError> {
+        let run = bank.runs.fetch_add(1, SeqCst) + 1;
+        assert_eq!(req.account, account);
+        Ok(Json(Receipt {
+            run,
+            cents: req.cents,
+        }))
+    }
+
+    #[tokio::test]
+    async fn an_annotated_axum_handler_replays_with_the_header_and_the_extractor_rejects_bad_keys()
+    {
+        let bank = Arc::new(Bank {
+            store: MemoryStore::new(),
+            runs: AtomicUsize::new(0),
+        });
+        let app = Router::new()
+            .route("/accounts/{account}/transfers", post(transfer))
+            .layer(ReplayedHeaderLayer)
+            .with_state(bank.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!(
+            "http://{}/accounts/7/transfers",
+            listener.local_addr().unwrap()
+        );
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let c = reqwest::Client::new();
+        let send = |key: Option<&str>, cents: u64| {
+            let mut rb = c
+                .post(&url)
+                .json(&serde_json::json!({"account": 7, "cents": cents}));
+            if let Some(k) = key {
+                rb = rb.header("idempotency-key", k);
+            }
+            rb.send()
+        };
+
+        let first = send(Some("t-1"), 500).await.unwrap();
+        assert_eq!(first.status(), StatusCode::OK);
+        assert!(first.headers().get("idempotent-replayed").is_none());
+        let first = first.bytes().await.unwrap();
+        let again = send(Some("t-1"), 500).await.unwrap();
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        assert_eq!(again.bytes().await.unwrap(), first);
+        assert_eq!(bank.runs.load(SeqCst), 1);
+
+        let reused = send(Some("t-1"), 900).await.unwrap();
+        assert_eq!(reused.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(reused.headers()["content-type"], "application/problem+json");
+
+        for bad in [None, Some("no spaces")] {
+            let r = send(bad, 500).await.unwrap();
+            assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{bad:?}");
+            assert_eq!(r.headers()["content-type"], "application/problem+json");
+        }
+        assert_eq!(bank.runs.load(SeqCst), 1);
+    }
+}

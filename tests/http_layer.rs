@@ -1,0 +1,410 @@
+//! The `Idempotency-Key` layer, over real loopback HTTP with a real client.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use idem_runtime::StoreRef;
+use idem_runtime::http::{IdempotencyLayer, KeyRules};
+use idem_runtime::store::memory::MemoryStore;
+use idem_runtime::store::sql::SqliteStore;
+use tower::ServiceExt;
+
+#[derive(Default)]
+struct Counter {
+    runs: AtomicUsize,
+}
+
+/// Echoes the body with a run number; `status` and `sleep_ms` in the query
+/// pick the answer and how long it takes.
+async fn handler(
+    State(c): State<Arc<Counter>>,
+    axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
+    body: String,
+) -> (StatusCode, HeaderMap, String) {
+    let n = c.runs.fetch_add(1, SeqCst) + 1;
+    if let Some(ms) = q.get("sleep_ms") {
+        tokio::time::sleep(Duration::from_millis(ms.parse().unwrap())).await;
+    }
+    let status = q.get("status").map_or(StatusCode::CREATED, |s| {
+        s.parse::<u16>().unwrap().try_into().unwrap()
+    });
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", "application/json".parse().unwrap());
+    headers.insert("location", format!("/things/{n}").parse().unwrap());
+    headers.insert("x-not-kept", "1".parse().unwrap());
+    (status, headers, format!(r#"{{"run":{n},"body":{body:?}}}"#))
+}
+
+fn layer(store: StoreRef) -> IdempotencyLayer {
+    IdempotencyLayer::new()
+        .store(store)
+        .scope("http_layer.things")
+        .caller(|p| p.headers.get("x-tenant")?.to_str().ok().map(str::to_owned))
+        .max_body_bytes(64 * 1024)
+}
+
+async fn serve(layer: IdempotencyLayer) -> (String, Arc<Counter>) {
+    let counter = Arc::new(Counter::default());
+    let app = Router::new()
+        .route("/things", post(handler).get(handler).put(handler))
+        .layer(layer)
+        .with_state(counter.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (format!("http://{addr}/things"), counter)
+}
+
+fn key() -> String {
+    format!("k-{}", rand_suffix())
+}
+
+fn rand_suffix() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::time::SystemTime::now())
+}
+
+async fn post_with(
+    c: &reqwest::Client,
+    url: &str,
+    tenant: &str,
+    key: Option<&str>,
+    body: &str,
+) -> reqwest::Response {
+    let mut rb = c.post(url).header("x-tenant", tenant).body(body.to_owned());
+    if let Some(k) = key {
+        rb = rb.header("idempotency-key", k);
+    }
+    rb.send().await.unwrap()
+}
+
+fn is_problem(r: &reqwest::Response) -> bool {
+    r.headers()["content-type"] == "application/problem+json"
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_duplicates_run_once_and_agree() {
+    let (url, counter) = serve(layer(StoreRef::new(MemoryStore::new()))).await;
+    let c = reqwest::Client::new();
+    let k = key();
+    let url = format!("{url}?sleep_ms=200");
+    let calls = (0..50).map(|_| {
+        let (c, url, k) = (c.clone(), url.clone(), k.clone());
+        tokio::spawn(async move {
+            let r = post_with(&c, &url, "t1", Some(&k), r#"{"a":1}"#).await;
+            let status = r.status();
+            let retry = r.headers().get("retry-after").cloned();
+            (status, retry, r.bytes().await.unwrap())
+        })
+    });
+    let results = futures_util::future::join_all(calls).await;
+    assert_eq!(counter.runs.load(SeqCst), 1, "the handler ran once");
+    let mut bodies = std::collections::HashSet::new();
+    for r in results {
+        let (status, retry, body) = r.unwrap();
+        match status {
+            StatusCode::CREATED => {
+                bodies.insert(body);
+            }
+            StatusCode::CONFLICT => assert!(retry.is_some(), "409 without Retry-After"),
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert_eq!(bodies.len(), 1, "every 2xx carries the same body");
+}
+
+#[tokio::test]
+async fn a_replay_is_byte_identical_and_marked() {
+    for store in [
+        StoreRef::new(MemoryStore::new()),
+        StoreRef::new(SqliteStore::in_memory().await.unwrap()),
+    ] {
+        let (url, counter) = serve(layer(store)).await;
+        let c = reqwest::Client::new();
+        let k = key();
+        let first = post_with(&c, &url, "t1", Some(&k), "hello").await;
+        assert_eq!(first.status(), StatusCode::CREATED);
+        assert!(first.headers().get("idempotent-replayed").is_none());
+        let first_loc = first.headers()["location"].clone();
+        let first_body = first.bytes().await.unwrap();
+
+        let again = post_with(&c, &url, "t1", Some(&k), "hello").await;
+        assert_eq!(again.status(), StatusCode::CREATED);
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        assert_eq!(
+            again.headers()["location"],
+            first_loc,
+            "kept headers replay"
+        );
+        assert_eq!(again.headers()["content-type"], "application/json");
+        assert!(again.headers().get("x-not-kept").is_none());
+        assert_eq!(again.bytes().await.unwrap(), first_body);
+        assert_eq!(counter.runs.load(SeqCst), 1);
+    }
+}
+
+#[tokio::test]
+async fn the_same_key_with_another_payload_is_422() {
+    let (url, counter) = serve(layer(StoreRef::new(MemoryStore::new()))).await;
+    let c = reqwest::Client::new();
+    let k = key();
+    assert_eq!(post_with(&c, &url, "t1", Some(&k), "a").await.status(), 201);
+    let other = post_with(&c, &url, "t1", Some(&k), "b").await;
+    assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(is_problem(&other));
+    // Another path with the same key and body is another request too.
+    let path = c
+        .post(format!("{url}?x=1"))
+        .header("x-tenant", "t1")
+        .header("idempotency-key", &k)
+        .body("a")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(path.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(counter.runs.load(SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_missing_or_malformed_key_is_400() {
+    let (url, counter) = serve(layer(StoreRef::new(MemoryStore::new()))).await;
+    let c = reqwest::Client::new();
+    for k in [None, Some("has space"), Some(&*"x".repeat(256)), Some("")] {
+        let r = post_with(&c, &url, "t1", k, "a").await;
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{k:?}");
+        assert!(is_problem(&r));
+        let p: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(p["status"], 400);
+    }
+    // 255 visible characters is the longest default key; a quoted one is accepted.
+    let long = "y".repeat(255);
+    assert_eq!(
+        post_with(&c, &url, "t1", Some(&long), "a").await.status(),
+        201
+    );
+    assert_eq!(
+        post_with(&c, &url, "t1", Some("\"quoted-1\""), "a")
+            .await
+            .status(),
+        201
+    );
+    // A request with no caller cannot be scoped.
+    let r = c
+        .post(&url)
+        .header("idempotency-key", "k")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(counter.runs.load(SeqCst), 2);
+}
+
+#[tokio::test]
+async fn key_rules_are_configurable_and_the_key_can_be_optional() {
+    let store = StoreRef::new(MemoryStore::new());
+    let (url, counter) = serve(
+        layer(store)
+            .optional()
+            .key_rules(KeyRules::new().min_len(8).max_len(10)),
+    )
+    .await;
+    let c = reqwest::Client::new();
+    assert_eq!(
+        post_with(&c, &url, "t1", Some("short"), "a").await.status(),
+        400
+    );
+    assert_eq!(
+        post_with(&c, &url, "t1", Some("12345678901"), "a")
+            .await
+            .status(),
+        400
+    );
+    assert_eq!(
+        post_with(&c, &url, "t1", Some("12345678"), "a")
+            .await
+            .status(),
+        201
+    );
+    // Optional: without the header the request runs, every time.
+    assert_eq!(post_with(&c, &url, "t1", None, "a").await.status(), 201);
+    assert_eq!(post_with(&c, &url, "t1", None, "a").await.status(), 201);
+    assert_eq!(counter.runs.load(SeqCst), 3);
+}
+
+#[tokio::test]
+async fn an_in_flight_duplicate_is_409_with_an_honest_retry_after() {
+    let (url, counter) = serve(layer(StoreRef::new(MemoryStore::new()))).await;
+    let c = reqwest::Client::new();
+    let k = key();
+    let slow = format!("{url}?sleep_ms=1500");
+    let first = tokio::spawn({
+        let (c, slow, k) = (c.clone(), slow.clone(), k.clone());
+        async move { post_with(&c, &slow, "t1", Some(&k), "a").await.status() }
+    });
+    // Poll until the first one is running (no fixed sleep).
+    while counter.runs.load(SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let dup = post_with(&c, &slow, "t1", Some(&k), "a").await;
+    assert_eq!(dup.status(), StatusCode::CONFLICT);
+    assert!(is_problem(&dup));
+    let retry: u64 = dup.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // Within the default bounds, and nowhere near the 30 s lease.
+    assert!((1..=10).contains(&retry), "Retry-After: {retry}");
+    assert_eq!(first.await.unwrap(), StatusCode::CREATED);
+    assert_eq!(counter.runs.load(SeqCst), 1);
+}
+
+#[tokio::test]
+async fn with_wait_a_duplicate_gets_the_first_response() {
+    let (url, counter) =
+        serve(layer(StoreRef::new(MemoryStore::new())).wait(Duration::from_secs(20))).await;
+    let c = reqwest::Client::new();
+    let k = key();
+    let slow = format!("{url}?sleep_ms=300");
+    let first = tokio::spawn({
+        let (c, slow, k) = (c.clone(), slow.clone(), k.clone());
+        async move {
+            post_with(&c, &slow, "t1", Some(&k), "a")
+                .await
+                .bytes()
+                .await
+                .unwrap()
+        }
+    });
+    while counter.runs.load(SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let dup = post_with(&c, &slow, "t1", Some(&k), "a").await;
+    assert_eq!(dup.status(), StatusCode::CREATED);
+    assert_eq!(dup.headers()["idempotent-replayed"], "true");
+    assert_eq!(dup.bytes().await.unwrap(), first.await.unwrap());
+    assert_eq!(counter.runs.load(SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_413() {
+    let (url, counter) = serve(layer(StoreRef::new(MemoryStore::new()))).await;
+    let c = reqwest::Client::new();
+    let big = "x".repeat(2 * 1024 * 1024);
+    let r = post_with(&c, &url, "t1", Some(&key()), &big).await;
+    assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(is_problem(&r));
+    assert_eq!(counter.runs.load(SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_body_without_a_length_is_cut_at_the_limit() {
+    // In process, around a plain tower service: the request declares no
+    // `Content-Length`, so only the bounded read can refuse it.
+    let svc = tower::service_fn(|req: axum::http::Request<axum::body::Body>| async move {
+        let _ = req;
+        Ok::<_, std::convert::Infallible>(axum::http::Response::new(axum::body::Body::empty()))
+    });
+    let svc = tower::Layer::layer(
+        &IdempotencyLayer::new()
+            .store(MemoryStore::new())
+            .max_body_bytes(1024),
+        svc,
+    );
+    let chunks = (0..64).map(|_| Ok::<_, std::io::Error>(vec![b'x'; 100]));
+    let body = axum::body::Body::from_stream(futures_util::stream::iter(chunks));
+    let req = axum::http::Request::post("/x")
+        .header("idempotency-key", "k1")
+        .body(body)
+        .unwrap();
+    let res = svc.oneshot(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
+}
+
+#[tokio::test]
+async fn the_same_key_from_another_tenant_is_its_own_request() {
+    let (url, counter) = serve(layer(StoreRef::new(MemoryStore::new()))).await;
+    let c = reqwest::Client::new();
+    let k = key();
+    let a = post_with(&c, &url, "tenant-a", Some(&k), "same").await;
+    let b = post_with(&c, &url, "tenant-b", Some(&k), "same").await;
+    assert_eq!(
+        (a.status(), b.status()),
+        (StatusCode::CREATED, StatusCode::CREATED)
+    );
+    assert!(b.headers().get("idempotent-replayed").is_none());
+    assert_ne!(a.bytes().await.unwrap(), b.bytes().await.unwrap());
+    assert_eq!(counter.runs.load(SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_5xx_and_a_429_release_the_key_and_a_4xx_is_stored() {
+    let (url, counter) = serve(layer(StoreRef::new(MemoryStore::new()))).await;
+    let c = reqwest::Client::new();
+    let k = key();
+    let s500 = post_with(&c, &format!("{url}?status=500"), "t1", Some(&k), "a").await;
+    assert_eq!(s500.status(), 500);
+    let retry = post_with(&c, &format!("{url}?status=500"), "t1", Some(&k), "a").await;
+    assert_eq!(retry.status(), 500);
+    assert!(retry.headers().get("idempotent-replayed").is_none());
+    assert_eq!(counter.runs.load(SeqCst), 2, "the retry ran");
+
+    let k2 = key();
+    let url429 = format!("{url}?status=429");
+    assert_eq!(
+        post_with(&c, &url429, "t1", Some(&k2), "a").await.status(),
+        429
+    );
+    assert_eq!(
+        post_with(&c, &url429, "t1", Some(&k2), "a").await.status(),
+        429
+    );
+    assert_eq!(counter.runs.load(SeqCst), 4, "429 is not stored");
+
+    let k3 = key();
+    let url404 = format!("{url}?status=404");
+    assert_eq!(
+        post_with(&c, &url404, "t1", Some(&k3), "a").await.status(),
+        404
+    );
+    let again = post_with(&c, &url404, "t1", Some(&k3), "a").await;
+    assert_eq!(again.status(), 404);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(counter.runs.load(SeqCst), 5, "404 is stored");
+}
+
+#[tokio::test]
+async fn stored_statuses_and_methods_are_configurable() {
+    let (url, counter) = serve(
+        layer(StoreRef::new(MemoryStore::new()))
+            .store_status(|s| s.is_success())
+            .methods([axum::http::Method::PUT]),
+    )
+    .await;
+    let c = reqwest::Client::new();
+    let k = key();
+    // POST is no longer covered: it runs every time, even without a key.
+    assert_eq!(c.post(&url).send().await.unwrap().status(), 201);
+    let put = |u: String| {
+        c.put(u)
+            .header("x-tenant", "t1")
+            .header("idempotency-key", &k)
+            .send()
+    };
+    assert_eq!(
+        put(format!("{url}?status=404")).await.unwrap().status(),
+        404
+    );
+    assert_eq!(
+        put(format!("{url}?status=404")).await.unwrap().status(),
+        404
+    );
+    assert_eq!(counter.runs.load(SeqCst), 3, "404 is not stored here");
+    // GET passes through untouched.
+    assert_eq!(c.get(&url).send().await.unwrap().status(), 201);
+}
