@@ -49,6 +49,7 @@ mod error;
 mod flow;
 mod install;
 pub mod key;
+pub mod lock;
 mod observe;
 pub mod protocol;
 mod spec;
