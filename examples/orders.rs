@@ -11,9 +11,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use idem_runtime::store::sql::SqliteStore;
+use idem_runtime::unique::InsertOnce;
 use idem_runtime::{ManualClock, idempotent, step};
 use serde::{Deserialize, Serialize};
-use sqlx::SqlitePool;
+use sqlx::{Sqlite, SqlitePool};
 
 const SKU: &str = "SKU-42";
 
@@ -86,28 +87,33 @@ impl OrderService {
     // and returns it (冲突即成功) instead of deducting again or failing forever.
     #[step("deduct_stock")]
     async fn deduct_stock(&self, req: &CreateOrder) -> Result<i64, AppError> {
+        // `InsertOnce` appends `ON CONFLICT (…) DO NOTHING` and says whether the
+        // row is new; a duplicate is counted in `idem_unique_conflicts_total`.
+        let ledger = InsertOnce::<Sqlite>::new(
+            "orders.stock_ledger",
+            "INSERT INTO stock_ledger (user_id, client_order_no, sku, delta) VALUES (?1, ?2, ?3, ?4)",
+            &["user_id", "client_order_no", "sku"],
+        )?;
         let mut tx = self.db().begin().await?;
-        let inserted: Option<i64> = sqlx::query_scalar(
-            "INSERT INTO stock_ledger (user_id, client_order_no, sku, delta) VALUES (?1, ?2, ?3, ?4)
-             ON CONFLICT (user_id, client_order_no, sku) DO NOTHING RETURNING id",
+        let new = ledger
+            .run(&mut *tx, |q| {
+                q.bind(req.user_id)
+                    .bind(&req.client_order_no)
+                    .bind(&req.sku)
+                    .bind(-req.qty)
+            })
+            .await?;
+        let ledger_id = sqlx::query_scalar(
+            "SELECT id FROM stock_ledger WHERE user_id = ?1 AND client_order_no = ?2 AND sku = ?3",
         )
         .bind(req.user_id)
         .bind(&req.client_order_no)
         .bind(&req.sku)
-        .bind(-req.qty)
-        .fetch_optional(&mut *tx)
+        .fetch_one(&mut *tx)
         .await?;
-        let Some(ledger_id) = inserted else {
-            let existing = sqlx::query_scalar(
-                "SELECT id FROM stock_ledger WHERE user_id = ?1 AND client_order_no = ?2 AND sku = ?3",
-            )
-            .bind(req.user_id)
-            .bind(&req.client_order_no)
-            .bind(&req.sku)
-            .fetch_one(&mut *tx)
-            .await?;
-            return Ok(existing);
-        };
+        if !new {
+            return Ok(ledger_id);
+        }
         let updated = sqlx::query("UPDATE stock SET qty = qty - ?1 WHERE sku = ?2 AND qty >= ?1")
             .bind(req.qty)
             .bind(&req.sku)

@@ -51,10 +51,13 @@ mod flow;
 pub mod http;
 mod install;
 pub mod key;
+pub mod lock;
 mod observe;
 pub mod protocol;
 mod spec;
 pub mod store;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub mod unique;
 
 // Their documentation (options, durations, what they expand to) is on the
 // macros themselves: rustdoc shows it here, and would put any doc comment on

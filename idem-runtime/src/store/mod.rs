@@ -164,6 +164,23 @@ pub struct RecordInfo {
     pub result: Option<StoredResult>,
 }
 
+/// How many records a store holds, by state: for operators (`idem stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecordStats {
+    /// PROCESSING under a live lease: a body is running.
+    pub processing: u64,
+    /// PROCESSING past its lease: the owner crashed or stalled, and the next
+    /// call takes it over.
+    pub stalled: u64,
+    /// DONE: duplicates replay it.
+    pub done: u64,
+    /// Released or expired, not yet deleted: a claim reuses it, a purge
+    /// deletes it.
+    pub dead: u64,
+    /// Live, in a state this version does not know: calls on it fail closed.
+    pub unknown: u64,
+}
+
 /// A backend that keeps idempotency records.
 ///
 /// Every method is one atomic operation on the backend. Time (for leases and
@@ -237,6 +254,17 @@ pub trait Store: Send + Sync + 'static {
 
     /// Deletes up to `limit` expired or released records. Returns how many.
     async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError>;
+
+    /// Counts the records by state. An operator's query, not for a request
+    /// path: SQL stores scan the table, Redis walks its key prefix with
+    /// `SCAN`. Stores that cannot count say so with an error (the default).
+    async fn stats(&self) -> Result<RecordStats, StoreError> {
+        Err(StoreError::new(
+            self.backend(),
+            "stats",
+            "this store does not count its records",
+        ))
+    }
 }
 
 /// A shared handle to some store: what the protocol and the process-wide

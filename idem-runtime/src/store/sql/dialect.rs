@@ -9,7 +9,7 @@ use sqlx::pool::PoolConnection;
 
 use crate::clock::Clock;
 use crate::key::Key;
-use crate::store::{ClaimRequest, Completion, Token};
+use crate::store::{ClaimRequest, Completion, RecordStats, Token};
 
 use super::record::{Record, Upserted};
 
@@ -95,6 +95,12 @@ pub(crate) trait Dialect: sqlx::Database {
         clock: &dyn Clock,
         limit: i64,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// Counts the records by state (one scan of the table).
+    fn stats(
+        conn: &mut Self::Connection,
+        clock: &dyn Clock,
+    ) -> impl Future<Output = Result<RecordStats, sqlx::Error>> + Send;
 
     /// Applies the embedded migrations not yet recorded, under the dialect's
     /// lock against concurrent processes.

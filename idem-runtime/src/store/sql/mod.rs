@@ -26,5 +26,6 @@ mod store;
 pub use mysql::{MySqlStore, MySqlStoreBuilder};
 #[cfg(feature = "postgres")]
 pub use postgres::{PgStore, PgStoreBuilder};
+pub use schema_migrations::schema_sql;
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteStoreBuilder};

@@ -679,6 +679,16 @@ impl Dialect for MySql {
 
     /// Under a session lock (`GET_LOCK`): DDL commits implicitly, so a
     /// transaction cannot serialise it.
+    async fn stats(
+        conn: &mut MySqlConnection,
+        _: &dyn Clock,
+    ) -> Result<crate::store::RecordStats, sqlx::Error> {
+        let row = sqlx::query_as(&super::store::stats_sql(now_ms!(), "idem_records"))
+            .fetch_one(conn)
+            .await?;
+        Ok(super::store::stats_of(row))
+    }
+
     async fn migrate(conn: &mut PoolConnection<MySql>) -> Result<(), sqlx::Error> {
         // The lock belongs to the session. Closing this connection afterwards
         // (instead of returning it to the pool) frees the lock even when this

@@ -557,6 +557,19 @@ impl Dialect for Postgres {
     /// One transaction under `pg_advisory_xact_lock` does it all: DDL is
     /// transactional here, so a second process waits and then finds
     /// everything applied.
+    async fn stats(
+        conn: &mut PgConnection,
+        _: &dyn Clock,
+    ) -> Result<crate::store::RecordStats, sqlx::Error> {
+        let sql = format!(
+            "{}{}",
+            with_clock!(),
+            super::store::stats_sql("clock.now", "idem_records CROSS JOIN clock")
+        );
+        let row = sqlx::query_as(&sql).fetch_one(conn).await?;
+        Ok(super::store::stats_of(row))
+    }
+
     async fn migrate(conn: &mut PoolConnection<Postgres>) -> Result<(), sqlx::Error> {
         let mut tx = conn.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")

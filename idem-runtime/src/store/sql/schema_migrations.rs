@@ -58,3 +58,72 @@ pub(crate) const MYSQL_LEDGER: &str = "CREATE TABLE IF NOT EXISTS idem_schema_mi
     description VARCHAR(255) NOT NULL,
     applied_at  BIGINT       NOT NULL
 ) ENGINE = InnoDB";
+
+/// The whole schema as one script a DBA applies by hand (for stores built with
+/// `skip_migrations()`): the ledger, every migration, and the ledger rows
+/// that record them, so a store opened later with migrations on finds them
+/// applied. Safe to run twice.
+#[allow(dead_code)] // which dialects exist depends on the features built
+fn script(
+    backend: &str,
+    ledger: &str,
+    migrations: &[Migration],
+    now_ms: &str,
+    on_duplicate: &str,
+) -> String {
+    let mut out = format!(
+        "-- idem schema for {backend}: apply once with a user that may run DDL, then open the\n\
+         -- stores with .skip_migrations() under the service account (it needs SELECT, INSERT,\n\
+         -- UPDATE and DELETE on idem_records).\n\n{};\n",
+        ledger.replacen(
+            "CREATE TABLE idem_schema_migrations",
+            "CREATE TABLE IF NOT EXISTS idem_schema_migrations",
+            1
+        )
+    );
+    for m in migrations {
+        out.push_str(&format!(
+            "\n-- migration {}: {}\n{}\nINSERT INTO idem_schema_migrations (version, description, applied_at)\nVALUES ({}, '{}', {}){on_duplicate};\n",
+            m.version,
+            m.description,
+            m.sql.trim_end(),
+            m.version,
+            m.description.replace('\'', "''"),
+            now_ms,
+        ));
+    }
+    out
+}
+
+/// The schema script of the SQL store whose backend is named `backend`
+/// (`"sqlite"`, `"postgres"` or `"mysql"`, as [`crate::Store::backend`]
+/// names them), if this build has that store.
+pub fn schema_sql(backend: &str) -> Option<String> {
+    match backend {
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Some(script(
+            "sqlite",
+            SQLITE_LEDGER,
+            SQLITE,
+            "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)",
+            " ON CONFLICT (version) DO NOTHING",
+        )),
+        #[cfg(feature = "postgres")]
+        "postgres" => Some(script(
+            "postgres",
+            POSTGRES_LEDGER,
+            POSTGRES,
+            "(extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+            " ON CONFLICT (version) DO NOTHING",
+        )),
+        #[cfg(feature = "mysql")]
+        "mysql" => Some(script(
+            "mysql",
+            MYSQL_LEDGER,
+            MYSQL,
+            "(TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)",
+            " ON DUPLICATE KEY UPDATE version = version",
+        )),
+        _ => None,
+    }
+}

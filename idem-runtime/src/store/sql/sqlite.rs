@@ -424,6 +424,17 @@ impl Dialect for Sqlite {
 
     /// Each migration in its own write transaction: SQLite serialises them,
     /// and a second process finds the ledger row and skips.
+    async fn stats(
+        conn: &mut SqliteConnection,
+        clock: &dyn Clock,
+    ) -> Result<crate::store::RecordStats, sqlx::Error> {
+        let row = sqlx::query_as(&super::store::stats_sql("?1", "idem_records"))
+            .bind(clock.now_millis())
+            .fetch_one(conn)
+            .await?;
+        Ok(super::store::stats_of(row))
+    }
+
     async fn migrate(conn: &mut PoolConnection<Sqlite>) -> Result<(), sqlx::Error> {
         sqlx::query(schema_migrations::SQLITE_LEDGER)
             .execute(&mut **conn)

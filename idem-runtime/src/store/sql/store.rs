@@ -269,6 +269,43 @@ impl<D: Dialect> Core<D> {
     }
 }
 
+impl<D: Dialect> Core<D> {
+    /// A plain read: nothing to retry.
+    pub(crate) async fn stats(&self) -> Result<crate::store::RecordStats, StoreError> {
+        let count = async { D::stats(&mut *self.conn().await?, &*self.clock).await };
+        count.await.map_err(|e| self.err(e))
+    }
+}
+
+/// The stats query over `from`, with `now` the dialect's clock in
+/// milliseconds. Dead records (released or expired) are counted apart from
+/// live ones in any state, as the claim judges them.
+pub(crate) fn stats_sql(now: &str, from: &str) -> String {
+    let alive = format!("expires_at > {now} AND state <> 0");
+    format!(
+        "SELECT
+    COUNT(CASE WHEN {alive} AND state = 1 AND lease_until > {now} THEN 1 END),
+    COUNT(CASE WHEN {alive} AND state = 1 AND lease_until <= {now} THEN 1 END),
+    COUNT(CASE WHEN {alive} AND state = 2 THEN 1 END),
+    COUNT(CASE WHEN expires_at <= {now} OR state = 0 THEN 1 END),
+    COUNT(CASE WHEN {alive} AND state NOT IN (1, 2) THEN 1 END)
+FROM {from}"
+    )
+}
+
+/// Counts from the one row every dialect's stats query returns, in the order
+/// processing, stalled, done, dead, unknown.
+pub(crate) fn stats_of(row: (i64, i64, i64, i64, i64)) -> crate::store::RecordStats {
+    let n = |v: i64| u64::try_from(v).unwrap_or(0);
+    crate::store::RecordStats {
+        processing: n(row.0),
+        stalled: n(row.1),
+        done: n(row.2),
+        dead: n(row.3),
+        unknown: n(row.4),
+    }
+}
+
 /// Whether a store error is a lost lock conflict on dialect `D`.
 pub(crate) fn is_retryable<D: Dialect>(error: &StoreError) -> bool {
     error.backend() == D::BACKEND
@@ -414,6 +451,10 @@ macro_rules! sql_store {
 
             async fn purge_expired(&self, limit: usize) -> Result<u64, $crate::StoreError> {
                 self.core.purge_expired(limit).await
+            }
+
+            async fn stats(&self) -> Result<$crate::store::RecordStats, $crate::StoreError> {
+                self.core.stats().await
             }
         }
 

@@ -1,0 +1,86 @@
+//! Opening the store `--store` names, without running any DDL.
+
+use std::path::Path;
+use std::time::Duration;
+
+use idem_runtime::StoreRef;
+use idem_runtime::store::redis::RedisStore;
+use idem_runtime::store::sql::{MySqlStore, PgStore, SqliteStore};
+
+use crate::Failure;
+
+enum Kind<'a> {
+    Sqlite(&'a str),
+    Postgres,
+    MySql,
+    Redis,
+}
+
+fn kind(url: &str) -> Result<Kind<'_>, Failure> {
+    let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+    match scheme.as_deref() {
+        Some("postgres" | "postgresql") => Ok(Kind::Postgres),
+        Some("mysql" | "mariadb") => Ok(Kind::MySql),
+        Some("redis" | "rediss" | "redis+unix" | "unix") => Ok(Kind::Redis),
+        Some("sqlite") => Ok(Kind::Sqlite(&url["sqlite://".len()..])),
+        Some(other) => Err(Failure::Error(format!(
+            "unknown store URL scheme {other:?}: use a SQLite path, postgres://, mysql:// or redis://"
+        ))),
+        None => Ok(Kind::Sqlite(url.strip_prefix("sqlite:").unwrap_or(url))),
+    }
+}
+
+/// The SQL dialect of a store URL (for `schema`), without connecting.
+pub fn dialect_of(url: &str) -> Result<&'static str, Failure> {
+    match kind(url)? {
+        Kind::Sqlite(_) => Ok("sqlite"),
+        Kind::Postgres => Ok("postgres"),
+        Kind::MySql => Ok("mysql"),
+        Kind::Redis => Err(Failure::Error(
+            "a Redis store has no schema to apply".into(),
+        )),
+    }
+}
+
+/// Opens the store. SQL stores skip their migrations: an operator's tool
+/// never changes a schema, and may run as a user that cannot.
+pub async fn open(url: &str, redis_prefix: &str) -> Result<StoreRef, Failure> {
+    Ok(match kind(url)? {
+        Kind::Sqlite(path) => {
+            if path.is_empty() || !Path::new(path).is_file() {
+                return Err(Failure::Error(format!(
+                    "no SQLite database at {path:?} (the path is a file the service opened with SqliteStore::open)"
+                )));
+            }
+            StoreRef::new(SqliteStore::builder().skip_migrations().open(path).await?)
+        }
+        Kind::Postgres => StoreRef::new(
+            PgStore::builder()
+                .skip_migrations()
+                .max_connections(2)
+                .acquire_timeout(Duration::from_secs(3))
+                .connect(url)
+                .await?,
+        ),
+        Kind::MySql => {
+            let url = match url.split_once("://") {
+                Some((s, rest)) if s.eq_ignore_ascii_case("mariadb") => format!("mysql://{rest}"),
+                _ => url.to_owned(),
+            };
+            StoreRef::new(
+                MySqlStore::builder()
+                    .skip_migrations()
+                    .max_connections(2)
+                    .acquire_timeout(Duration::from_secs(3))
+                    .connect(&url)
+                    .await?,
+            )
+        }
+        Kind::Redis => StoreRef::new(
+            RedisStore::builder()
+                .key_prefix(redis_prefix)
+                .connect(url)
+                .await?,
+        ),
+    })
+}

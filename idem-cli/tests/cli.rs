@@ -1,0 +1,480 @@
+//! The `idem` binary, run as an operator runs it: against SQLite files, a
+//! PostgreSQL private schema, a MySQL private database and Redis under a
+//! private key prefix, with records written through the `Store` API. Server
+//! cases skip loudly when a server is unreachable (fail with
+//! `IDEM_REQUIRE_SERVICES=1`).
+
+use std::process::{Command, Output};
+use std::str::FromStr;
+use std::time::Duration;
+
+use idem_runtime::store::redis::RedisStore;
+use idem_runtime::store::sql::{MySqlStore, PgStore, SqliteStore};
+use idem_runtime::{
+    Claim, ClaimRequest, Completion, Key, KeySecret, Outcome, Store, StoreRef, Token,
+};
+use serde_json::Value;
+
+fn idem(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_idem"));
+    cmd.args(args)
+        .env_remove("IDEM_STORE")
+        .env_remove("IDEM_KEY_SECRET");
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run idem")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn json(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(o)))
+}
+
+fn random_hex() -> String {
+    Token::random().0[..6]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn required() -> bool {
+    std::env::var("IDEM_REQUIRE_SERVICES").is_ok_and(|v| v == "1")
+}
+
+fn skip<T, E: std::fmt::Display>(what: &str, r: Result<T, E>) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(e) if required() => panic!("{what} unreachable and IDEM_REQUIRE_SERVICES=1: {e}"),
+        Err(e) => {
+            eprintln!("SKIPPED: {what} unreachable: {e}");
+            None
+        }
+    }
+}
+
+const ORDER: u64 = 734211;
+
+fn order_key() -> Key {
+    Key::builder("orders.create")
+        .part(&ORDER)
+        .part("A-1")
+        .finish()
+}
+
+fn req(key: &Key, token: Token, lease: Duration) -> ClaimRequest<'_> {
+    ClaimRequest {
+        key,
+        token,
+        fingerprint: None,
+        lease,
+        ttl: Duration::from_secs(3600),
+    }
+}
+
+/// One DONE record (the order key), one PROCESSING, one released: the same
+/// fixture on every store.
+async fn fixture(store: &StoreRef) {
+    let key = order_key();
+    let t = Token::random();
+    assert!(matches!(
+        store
+            .claim(req(&key, t, Duration::from_secs(60)))
+            .await
+            .unwrap(),
+        Claim::Acquired { .. }
+    ));
+    let done = Completion {
+        outcome: Outcome::Success,
+        payload: br#"{"id":17,"coupon":"CPN-17"}"#,
+        ttl: Duration::from_secs(3600),
+    };
+    assert!(store.complete(&key, t, done).await.unwrap());
+    let running = Key::builder("orders.create").part(&1u64).part("B").finish();
+    store
+        .claim(req(&running, Token::random(), Duration::from_secs(600)))
+        .await
+        .unwrap();
+    let released = Key::builder("orders.create").part(&2u64).part("C").finish();
+    let t = Token::random();
+    store
+        .claim(req(&released, t, Duration::from_secs(600)))
+        .await
+        .unwrap();
+    assert!(store.release(&released, t).await.unwrap());
+}
+
+const PARTS: [&str; 6] = [
+    "--scope",
+    "orders.create",
+    "--part",
+    "u64:734211",
+    "--part",
+    "str:A-1",
+];
+
+/// Every command on one store: what the README promises operators.
+fn operate(store_url: &str, extra: &[&str]) {
+    let with = |args: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = vec!["--store".into(), store_url.into()];
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v.extend(args.iter().map(|s| s.to_string()));
+        v
+    };
+    let run = |args: &[&str]| {
+        let v = with(args);
+        idem(&v.iter().map(String::as_str).collect::<Vec<_>>(), &[])
+    };
+
+    // inspect, for people
+    let o = run(&[&["inspect"][..], &PARTS].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = stdout(&o);
+    assert!(table.contains(&order_key().to_hex()), "{table}");
+    assert!(
+        table.contains("done") && table.contains("CPN-17"),
+        "{table}"
+    );
+
+    // inspect, for scripts, by parts and by hash
+    let o = run(&[&["--json", "inspect"][..], &PARTS].concat());
+    let v = json(&o);
+    assert_eq!(v["state"], "done");
+    assert_eq!(v["outcome"], "success");
+    assert_eq!(v["result"]["coupon"], "CPN-17");
+    assert_eq!(v["key"], order_key().to_hex());
+    let o = run(&["--json", "inspect", "--hash", &order_key().to_hex()]);
+    assert_eq!(json(&o)["state"], "done");
+
+    // stats
+    let o = run(&["--json", "stats"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = json(&o);
+    assert_eq!(
+        (&s["processing"], &s["done"], &s["dead"], &s["stalled"]),
+        (
+            &Value::from(1),
+            &Value::from(1),
+            &Value::from(1),
+            &Value::from(0)
+        ),
+        "{s}"
+    );
+    assert!(run(&["stats"]).status.success());
+
+    // a key typed as the wrong type is another key: reported, exit 3
+    let o = run(&[
+        "inspect",
+        "--scope",
+        "orders.create",
+        "--part",
+        "str:734211",
+        "--part",
+        "str:A-1",
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no record for scope \"orders.create\""),
+        "{}",
+        stderr(&o)
+    );
+    assert!(stderr(&o).contains("type"), "{}", stderr(&o));
+    // an unknown scope: the same answer
+    let o = run(&[
+        "inspect",
+        "--scope",
+        "orders.craete",
+        "--part",
+        "u64:734211",
+        "--part",
+        "str:A-1",
+    ]);
+    assert_eq!(o.status.code(), Some(3));
+
+    // purge the released record
+    let o = run(&["--json", "purge"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(json(&o)["purged"], 1);
+    assert_eq!(json(&run(&["--json", "stats"]))["dead"], 0);
+
+    // evict, then it is gone
+    let o = run(&[&["evict"][..], &PARTS].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(&[&["inspect"][..], &PARTS].concat());
+    assert_eq!(o.status.code(), Some(3));
+    let o = run(&[&["evict"][..], &PARTS].concat());
+    assert_eq!(o.status.code(), Some(3));
+    assert_eq!(json(&run(&["--json", "stats"]))["done"], 0);
+}
+
+#[test]
+fn key_hash_is_the_attributes() {
+    let o = idem(&[&["key"][..], &PARTS].concat(), &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), order_key().to_hex());
+
+    let o = idem(
+        &[
+            "key",
+            "--scope",
+            "s",
+            "--part",
+            "i32:-5",
+            "--part",
+            "bool:true",
+            "--part",
+            "some:str:x",
+            "--part",
+            "none",
+        ],
+        &[],
+    );
+    let expected = Key::builder("s")
+        .part(&-5i32)
+        .part(&true)
+        .part(&Some("x"))
+        .part(&None::<u8>)
+        .finish();
+    assert_eq!(stdout(&o).trim(), expected.to_hex());
+
+    // Under a key secret, read from IDEM_KEY_SECRET as the service reads it.
+    let secret_hex = "42".repeat(32);
+    let o = idem(
+        &[&["key"][..], &PARTS].concat(),
+        &[("IDEM_KEY_SECRET", &secret_hex)],
+    );
+    let secret = KeySecret::from_hex(&secret_hex).unwrap();
+    let keyed = Key::keyed_builder("orders.create", &secret)
+        .part(&ORDER)
+        .part("A-1")
+        .finish();
+    assert_eq!(stdout(&o).trim(), keyed.to_hex());
+    assert_ne!(keyed, order_key());
+}
+
+#[test]
+fn bad_arguments_are_explained() {
+    let o = idem(&["key", "--scope", "s", "--part", "734211"], &[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("TYPE:VALUE"), "{}", stderr(&o));
+    let o = idem(&["key", "--hash", "abc"], &[]);
+    assert_eq!(o.status.code(), Some(1));
+    let o = idem(
+        &[&["key"][..], &PARTS].concat(),
+        &[("IDEM_KEY_SECRET", "not hex")],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let o = idem(&["stats"], &[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("--store"), "{}", stderr(&o));
+    let o = idem(&["inspect"], &[]);
+    assert_eq!(o.status.code(), Some(2), "usage errors are clap's");
+}
+
+#[test]
+fn bad_store_urls_fail_clearly() {
+    let cases = [
+        ("ftp://h/x", "unknown store URL scheme"),
+        ("/no/such/idem.db", "no SQLite database"),
+        (
+            "postgres://u:s3cret@127.0.0.1:1/x",
+            "postgres (127.0.0.1:1/x)",
+        ),
+        ("mysql://u:s3cret@127.0.0.1:1/x", "mysql (127.0.0.1:1/x)"),
+        ("redis://:s3cret@127.0.0.1:1", "redis (127.0.0.1:1)"),
+        ("postgres://[bad", "postgres"),
+    ];
+    for (url, says) in cases {
+        let o = idem(&["--store", url, "stats"], &[]);
+        assert_eq!(o.status.code(), Some(1), "{url}: {}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{url}: {}", stderr(&o));
+        assert!(
+            !stderr(&o).contains("s3cret"),
+            "{url} leaked: {}",
+            stderr(&o)
+        );
+    }
+    // IDEM_STORE is read too.
+    let o = idem(&["stats"], &[("IDEM_STORE", "ftp://h/x")]);
+    assert!(stderr(&o).contains("unknown store URL scheme"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sqlite_file() {
+    let dir = std::env::temp_dir().join(format!("idem-cli-{}", random_hex()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("idem.db");
+    let store = StoreRef::new(SqliteStore::open(&path).await.unwrap());
+    fixture(&store).await;
+    let url = path.to_str().unwrap().to_owned();
+    tokio::task::spawn_blocking(move || operate(&url, &[]))
+        .await
+        .unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The DBA path: `idem schema` applied by hand, then a store that runs no
+/// DDL works on it, and a store with migrations on finds nothing to do.
+#[tokio::test(flavor = "multi_thread")]
+async fn sqlite_schema_applied_by_hand() {
+    let o = idem(&["schema", "--dialect", "sqlite"], &[]);
+    assert!(o.status.success());
+    let sql = stdout(&o);
+    let dir = std::env::temp_dir().join(format!("idem-cli-{}", random_hex()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("dba.db");
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    sqlx::raw_sql(&sql).execute(&pool).await.unwrap();
+    sqlx::raw_sql(&sql)
+        .execute(&pool)
+        .await
+        .expect("twice is harmless");
+    let store = SqliteStore::builder()
+        .skip_migrations()
+        .open(&path)
+        .await
+        .unwrap();
+    let key = order_key();
+    assert!(matches!(
+        store
+            .claim(req(&key, Token::random(), Duration::from_secs(5)))
+            .await
+            .unwrap(),
+        Claim::Acquired { .. }
+    ));
+    SqliteStore::open(&path)
+        .await
+        .expect("migrations find it applied");
+    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM idem_schema_migrations")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    // `schema` follows --store's dialect; Redis has none.
+    let o = idem(&["--store", "postgres://h/x", "schema"], &[]);
+    assert!(stdout(&o).contains("BYTEA"));
+    let o = idem(&["--store", "redis://h", "schema"], &[]);
+    assert_eq!(o.status.code(), Some(1));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+fn pg_url() -> String {
+    std::env::var("IDEM_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_private_schema() {
+    let Some(admin) = skip("PostgreSQL", sqlx::PgPool::connect(&pg_url()).await) else {
+        return;
+    };
+    let schema = format!("idem_cli_{}", random_hex());
+    sqlx::query(&format!("CREATE SCHEMA {schema}"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let sep = if pg_url().contains('?') { '&' } else { '?' };
+    let url = format!("{}{sep}options[search_path]={schema}", pg_url());
+    let store = StoreRef::new(PgStore::connect(&url).await.unwrap());
+    fixture(&store).await;
+    let u = url.clone();
+    tokio::task::spawn_blocking(move || operate(&u, &[]))
+        .await
+        .unwrap();
+    // The table missing (another schema): a hint, not just the SQL error.
+    let empty = format!("idem_cli_empty_{}", random_hex());
+    sqlx::query(&format!("CREATE SCHEMA {empty}"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let o = idem(
+        &[
+            "--store",
+            &format!("{}{sep}options[search_path]={empty}", pg_url()),
+            "stats",
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("idem schema"), "{}", stderr(&o));
+    for s in [schema, empty] {
+        sqlx::query(&format!("DROP SCHEMA {s} CASCADE"))
+            .execute(&admin)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mysql_private_database() {
+    let base = std::env::var("IDEM_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+    let Some(admin) = skip("MySQL", sqlx::MySqlPool::connect(&base).await) else {
+        return;
+    };
+    let db = format!("idem_cli_{}", random_hex());
+    sqlx::raw_sql(&format!("CREATE DATABASE `{db}`"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let options = sqlx::mysql::MySqlConnectOptions::from_str(&base)
+        .unwrap()
+        .database(&db);
+    let store = StoreRef::new(MySqlStore::builder().connect_with(options).await.unwrap());
+    fixture(&store).await;
+    let (prefix, _) = base.rsplit_once('/').unwrap();
+    let url = format!("{prefix}/{db}");
+    tokio::task::spawn_blocking(move || operate(&url, &[]))
+        .await
+        .unwrap();
+    sqlx::raw_sql(&format!("DROP DATABASE `{db}`"))
+        .execute(&admin)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_private_prefix() {
+    let url = std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let prefix = format!("idem-cli:{}:", random_hex());
+    let Some(store) = skip(
+        "Redis",
+        RedisStore::builder()
+            .key_prefix(prefix.clone())
+            .connect(&url)
+            .await,
+    ) else {
+        return;
+    };
+    let store = StoreRef::new(store);
+    fixture(&store).await;
+    let u = url.clone();
+    let p = prefix.clone();
+    tokio::task::spawn_blocking(move || operate(&u, &["--redis-prefix", &p]))
+        .await
+        .unwrap();
+    // Another prefix sees none of them.
+    let o = idem(
+        &[
+            "--store",
+            &url,
+            "--redis-prefix",
+            "idem-cli:none:",
+            "--json",
+            "stats",
+        ],
+        &[],
+    );
+    assert_eq!(json(&o)["processing"], 0);
+    // Clean up the PROCESSING record.
+    let running = Key::builder("orders.create").part(&1u64).part("B").finish();
+    store.evict(&running).await.unwrap();
+}

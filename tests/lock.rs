@@ -1,0 +1,264 @@
+//! The token-checked locks (`idem_runtime::lock`) on the real servers: Redis
+//! (`IDEM_REDIS_URL`) and PostgreSQL advisory locks (`IDEM_POSTGRES_URL`).
+//!
+//! What they must show: a release or renewal under a wrong token changes
+//! nothing, and a holder whose lease ran out can neither release nor renew the
+//! lock the next holder took. Lock names are random per case, so runs and
+//! other engineers' tests on the same servers never meet.
+
+use std::time::{Duration, Instant};
+
+use idem_runtime::Token;
+use idem_runtime::lock::postgres::PgLocks;
+use idem_runtime::lock::redis::RedisLocks;
+use idem_tests::services;
+
+fn name(case: &str) -> String {
+    let t = Token::random().0;
+    let hex: String = t[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("lock-test:{case}:{hex}")
+}
+
+/// Generous: the box is shared, and only "eventually" is asserted.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+async fn redis_locks() -> Option<RedisLocks> {
+    let url = services::redis_url();
+    services::reachable("Redis", "IDEM_REDIS_URL", RedisLocks::connect(&url).await)
+}
+
+async fn pg_locks() -> Option<PgLocks> {
+    let url = services::postgres_url();
+    services::reachable(
+        "PostgreSQL",
+        "IDEM_POSTGRES_URL",
+        PgLocks::connect(&url).await,
+    )
+}
+
+#[tokio::test]
+async fn redis_one_holder_at_a_time() {
+    let Some(locks) = redis_locks().await else {
+        return;
+    };
+    let n = name("one");
+    let a = locks
+        .try_acquire(&n, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("free lock");
+    assert!(
+        locks
+            .try_acquire(&n, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(locks.holder(&n).await.unwrap(), Some(a.token()));
+    assert!(a.renew(Duration::from_secs(30)).await.unwrap());
+    assert!(a.release().await.unwrap());
+    assert_eq!(locks.holder(&n).await.unwrap(), None);
+    let b = locks
+        .try_acquire(&n, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("released lock");
+    assert!(b.release().await.unwrap());
+}
+
+#[tokio::test]
+async fn redis_wrong_token_changes_nothing() {
+    let Some(locks) = redis_locks().await else {
+        return;
+    };
+    let n = name("wrong");
+    let a = locks
+        .try_acquire(&n, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("free lock");
+    let wrong = Token::random();
+    assert!(
+        !locks.release(&n, wrong).await.unwrap(),
+        "a wrong token released the lock"
+    );
+    assert!(
+        !locks
+            .renew(&n, wrong, Duration::from_millis(1))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        locks.holder(&n).await.unwrap(),
+        Some(a.token()),
+        "the holder changed"
+    );
+    // The wrong renewal did not shorten the lease either.
+    let mut conn = redis::Client::open(services::redis_url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(locks.redis_key(&n))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(pttl > 1000, "lease shortened to {pttl} ms by a wrong token");
+    assert!(a.release().await.unwrap());
+}
+
+#[tokio::test]
+async fn redis_expired_holder_cannot_release_the_next_holders_lock() {
+    let Some(locks) = redis_locks().await else {
+        return;
+    };
+    let n = name("expired");
+    let a = locks
+        .try_acquire(&n, Duration::from_millis(100))
+        .await
+        .unwrap()
+        .expect("free lock");
+    let b = locks
+        .acquire(&n, Duration::from_secs(30), DEADLINE)
+        .await
+        .unwrap()
+        .expect("A's lease never ran out");
+    assert!(
+        !a.renew(Duration::from_secs(30)).await.unwrap(),
+        "an expired holder renewed"
+    );
+    assert!(!a.release().await.unwrap(), "an expired holder released");
+    assert_eq!(
+        locks.holder(&n).await.unwrap(),
+        Some(b.token()),
+        "B lost its lock"
+    );
+    assert!(b.release().await.unwrap());
+}
+
+#[tokio::test]
+async fn postgres_one_session_at_a_time() {
+    let Some(locks) = pg_locks().await else {
+        return;
+    };
+    let n = name("one");
+    let mut a = locks
+        .try_acquire(&n, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("free lock");
+    assert!(
+        locks
+            .try_acquire(&n, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(locks.holder_pid(&n).await.unwrap(), a.pid().await.unwrap());
+    assert!(a.renew(Duration::from_secs(30)).await.unwrap());
+    assert!(a.release().await.unwrap());
+    assert_eq!(locks.holder_pid(&n).await.unwrap(), None);
+    let b = locks
+        .try_acquire(&n, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("released lock");
+    assert!(b.release().await.unwrap());
+}
+
+/// On PostgreSQL the token is the session: another session's unlock (what a
+/// wrong holder would send) changes nothing.
+#[tokio::test]
+async fn postgres_another_session_cannot_release() {
+    let Some(locks) = pg_locks().await else {
+        return;
+    };
+    let n = name("wrong");
+    let mut a = locks
+        .try_acquire(&n, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("free lock");
+    let pool = sqlx::PgPool::connect(&services::postgres_url())
+        .await
+        .unwrap();
+    let unlocked: bool = sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
+        .bind(PgLocks::key_of(&n))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(!unlocked, "another session released the lock");
+    assert_eq!(locks.holder_pid(&n).await.unwrap(), a.pid().await.unwrap());
+    assert!(
+        locks
+            .try_acquire(&n, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(a.release().await.unwrap());
+}
+
+/// A holder that stops renewing loses its session to the server's
+/// `idle_session_timeout`; the next holder takes the lock, and the old one's
+/// renew and release answer `false` and leave the new holder's lock alone.
+#[tokio::test]
+async fn postgres_expired_holder_cannot_release_the_next_holders_lock() {
+    let Some(locks) = pg_locks().await else {
+        return;
+    };
+    let n = name("expired");
+    let mut a = locks
+        .try_acquire(&n, Duration::from_millis(200))
+        .await
+        .unwrap()
+        .expect("free lock");
+    let mut b = locks
+        .acquire(&n, Duration::from_secs(30), DEADLINE)
+        .await
+        .unwrap()
+        .expect("A's lease never ran out");
+    assert!(
+        !a.renew(Duration::from_secs(30)).await.unwrap(),
+        "an expired holder renewed"
+    );
+    assert!(!a.release().await.unwrap(), "an expired holder released");
+    let b_pid = b.pid().await.unwrap();
+    assert!(b_pid.is_some());
+    assert_eq!(
+        locks.holder_pid(&n).await.unwrap(),
+        b_pid,
+        "B lost its lock"
+    );
+    assert!(b.renew(Duration::from_secs(30)).await.unwrap());
+    assert!(b.release().await.unwrap());
+}
+
+/// A guard dropped without release closes its session, so the lock is free
+/// again (and no locked session was handed back to the pool).
+#[tokio::test]
+async fn postgres_dropped_guard_frees_the_lock() {
+    let Some(locks) = pg_locks().await else {
+        return;
+    };
+    let n = name("dropped");
+    let a = locks
+        .try_acquire(&n, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("free lock");
+    drop(a);
+    let started = Instant::now();
+    let b = locks
+        .acquire(&n, Duration::from_secs(30), DEADLINE)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| {
+            panic!(
+                "still locked {:?} after the guard was dropped",
+                started.elapsed()
+            )
+        });
+    assert!(b.release().await.unwrap());
+}
