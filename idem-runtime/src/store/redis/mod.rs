@@ -486,7 +486,18 @@ impl RedisStore {
     /// ```
     pub fn redis_key(&self, key: &Key) -> String {
         // Only the part in braces decides the cluster slot: one record, one slot.
-        format!("{}{{{}}}", self.inner.key_prefix, key.to_hex())
+        // Built in one buffer: every operation names its record by this.
+        let prefix = &self.inner.key_prefix;
+        let mut name = vec![0u8; prefix.len() + 66];
+        name[..prefix.len()].copy_from_slice(prefix.as_bytes());
+        name[prefix.len()] = b'{';
+        hex::encode_to_slice(
+            key.as_bytes(),
+            &mut name[prefix.len() + 1..prefix.len() + 65],
+        )
+        .expect("64 bytes hold 32 in hex");
+        name[prefix.len() + 65] = b'}';
+        String::from_utf8(name).expect("the prefix is a str and hex is ASCII")
     }
 
     fn conn(&self) -> Connection {
