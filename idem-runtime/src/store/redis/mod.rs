@@ -471,7 +471,7 @@ impl RedisStore {
         }
     }
 
-    /// The Redis key of a record, for `redis-cli` (`HGETALL`, `PTTL`).
+    /// The Redis key of a record, for `redis-cli` (`GET`, `PTTL`; the layout is in `record.rs`).
     ///
     /// ```no_run
     /// use idem_runtime::Key;
