@@ -517,7 +517,11 @@ impl Key {
     }
 
     fn start(scope: &str, secret: Option<KeySecret>) -> KeyBuilder {
-        let mut enc = KeyEncoder::new();
+        // Room for the scope and a few fields up front: growing the buffer
+        // field by field was several reallocations per key.
+        let mut enc = KeyEncoder {
+            buf: Vec::with_capacity(64 + scope.len()),
+        };
         enc.buf.push(ENCODING_VERSION);
         enc.write_tagged_bytes(tag::SCOPE, scope.as_bytes());
         KeyBuilder { enc, secret }
@@ -658,7 +662,9 @@ impl Fingerprint {
     }
 
     fn start(secret: Option<KeySecret>) -> FingerprintBuilder {
-        let mut enc = KeyEncoder::new();
+        let mut enc = KeyEncoder {
+            buf: Vec::with_capacity(64),
+        };
         enc.buf.push(ENCODING_VERSION);
         FingerprintBuilder { enc, secret }
     }

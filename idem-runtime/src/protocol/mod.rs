@@ -292,7 +292,7 @@ where
     E: FromIdemError,
     F: AsyncFnOnce(&mut C) -> Result<T, E>,
 {
-    let span = tracing::debug_span!("idem", scope = spec.scope, key = %key.short(), tx = true);
+    let span = tracing::debug_span!("idem", scope = spec.scope, key = %ShortKey(&key), tx = true);
     async move {
         // Outside a transaction the claim would commit at once as PROCESSING
         // with nothing renewing its lease while the body runs (the body holds
@@ -401,6 +401,19 @@ where
     out
 }
 
+/// The short hex of a key, written only if the span is recorded. tracing
+/// evaluates span fields even with no subscriber when its `log` feature is on
+/// (sqlx turns it on), so `%key.short()` would allocate on every call.
+struct ShortKey<'a>(&'a Key);
+
+impl std::fmt::Display for ShortKey<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.as_bytes()[..8]
+            .iter()
+            .try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
 async fn run<T, M, E, F, P>(
     spec: &Spec,
     store: Option<StoreRef>,
@@ -418,7 +431,7 @@ where
     let Some(store) = store.or_else(crate::install::default_store) else {
         return Err(Error::NoStore.into());
     };
-    let span = tracing::debug_span!("idem", scope = spec.scope, key = %key.short(), fence = tracing::field::Empty);
+    let span = tracing::debug_span!("idem", scope = spec.scope, key = %ShortKey(&key), fence = tracing::field::Empty);
     async move {
         let token = Token::random();
         match acquire(spec, &store, &key, token, fingerprint).await? {

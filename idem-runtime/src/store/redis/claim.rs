@@ -1,0 +1,112 @@
+//! The claim: one plain command, `SET <key> <PROCESSING record> NX PX <life> GET`.
+//!
+//! What the server does with it, atomically, as one command: if the key is
+//! absent it writes the record with its expiry and answers nil (the caller
+//! owns the key, fence 1); if the key exists it writes nothing and answers
+//! the value it holds. Redis runs one command at a time, so two claims of
+//! the same key can never both see it absent (Redis >= 7.0 accepts `NX`
+//! together with `GET`).
+//!
+//! What the caller does with the answer, without another round trip: a DONE
+//! record is replayed; its own PROCESSING record (the same claim re-sent by
+//! the cluster client after an I/O error) is its claim. Only a RELEASED
+//! record or another owner's PROCESSING record needs the server again:
+//! `reclaim.lua`, which judges the lease by the key's expiry and takes over
+//! with the next fence. That is the rare path (a retry after a release, a
+//! duplicate arriving while the first call runs, a crashed owner).
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::{Script, Value};
+
+use crate::error::StoreError;
+use crate::store::{Claim, ClaimRequest};
+
+use super::record::{self, Record};
+use super::{RedisStore, bytes, fingerprint, int, millis};
+
+static RECLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("reclaim.lua")));
+
+impl RedisStore {
+    pub(super) async fn claim_record(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        let key = self.redis_key(req.key);
+        let (lease, ttl) = (millis(req.lease), millis(req.ttl));
+        // The record outlives its lease even when a caller asks for a ttl
+        // shorter than it: Redis deleting a live claim would let a newcomer
+        // run the body beside it.
+        let lives = lease.max(ttl);
+        let head = record::processing_head(req.token, req.fingerprint);
+        let found: Option<Vec<u8>> = redis::cmd("SET")
+            .arg(&key)
+            .arg(record::processing(&head, ttl, lives, lease))
+            .arg("NX")
+            .arg("PX")
+            .arg(lives)
+            .arg("GET")
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|e| self.err_at(&key, e))?;
+        let Some(found) = found else {
+            return Ok(Claim::Acquired {
+                fence: 1,
+                takeover: false,
+            });
+        };
+        match record::decode(&found).map_err(|e| self.unreadable(&key, e))? {
+            Record::Done { result, .. } => Ok(Claim::Done(result)),
+            Record::Processing { token, fence } if token == req.token => Ok(Claim::Acquired {
+                fence,
+                takeover: false,
+            }),
+            Record::Processing { .. } | Record::Released => {
+                self.reclaim(&key, &head, lease, ttl).await
+            }
+        }
+    }
+
+    async fn reclaim(
+        &self,
+        key: &str,
+        head: &[u8],
+        lease: u64,
+        ttl: u64,
+    ) -> Result<Claim, StoreError> {
+        let reply: Value = RECLAIM
+            .key(key)
+            .arg(head)
+            .arg(lease)
+            .arg(ttl)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| self.err_at(key, e))?;
+        let Value::Array(items) = reply else {
+            return Err(self.err("unexpected reply: reclaim.lua did not answer an array"));
+        };
+        let mut items = items.into_iter();
+        let tag = bytes(items.next()).map_err(|e| self.err(e))?;
+        let malformed = |e| self.err(e);
+        match &tag[..] {
+            b"acquired" => Ok(Claim::Acquired {
+                fence: u64::try_from(int(items.next()).map_err(malformed)?)
+                    .map_err(|_| self.err("unexpected reply: negative fence"))?,
+                takeover: int(items.next()).map_err(malformed)? == 1,
+            }),
+            b"busy" => Ok(Claim::Busy {
+                lease_remaining: Duration::from_millis(
+                    u64::try_from(int(items.next()).map_err(malformed)?).unwrap_or(0),
+                ),
+                fingerprint: fingerprint(items.next()).map_err(malformed)?,
+            }),
+            b"done" => {
+                let v = bytes(items.next()).map_err(malformed)?;
+                match record::decode(&v).map_err(|e| self.unreadable(key, e))? {
+                    Record::Done { result, .. } => Ok(Claim::Done(result)),
+                    _ => Err(self
+                        .err("unexpected reply: reclaim.lua answered done without a DONE record")),
+                }
+            }
+            _ => Err(self.err("unexpected reply: reclaim.lua answered an unknown tag")),
+        }
+    }
+}
