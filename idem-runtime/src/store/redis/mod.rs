@@ -673,8 +673,17 @@ fn fingerprint(v: Option<Value>) -> Result<Option<Fingerprint>, Malformed> {
         .map_err(|_| Malformed("a fingerprint is not 32 bytes"))
 }
 
-/// A record and its expiry from inspect.lua's reply.
-fn decode_record(reply: Value) -> Result<Option<RecordInfo>, RecordError> {
+/// A record as inspect.lua reads it: the value, its expiry, and (while
+/// PROCESSING) the lease end, which is the expiry minus the value's margin.
+struct Inspected {
+    record: Record,
+    expires_at_millis: i64,
+    lease_until_millis: i64,
+}
+
+/// Decodes inspect.lua's reply; `None` for a key that is gone (absent, or
+/// expired and deleted by Redis).
+fn read_inspected(reply: Value) -> Result<Option<Inspected>, RecordError> {
     let Value::Array(items) = reply else {
         return Err(RecordError::Malformed(Malformed(
             "inspect.lua did not answer an array",
@@ -682,32 +691,42 @@ fn decode_record(reply: Value) -> Result<Option<RecordInfo>, RecordError> {
     };
     let mut items = items.into_iter();
     let Some(value) = optional(items.next()) else {
-        // Absent, or expired (Redis deleted it).
         return Ok(None);
     };
     let value = bytes(Some(value))?;
     let expires_at_millis = int(items.next())?;
-    let info = match record::decode(&value)? {
-        Record::Released => return Ok(None),
-        Record::Processing { fence, .. } => {
+    let record = record::decode(&value)?;
+    let lease_until_millis = match record {
+        Record::Processing { .. } => {
             let (_, _, margin) = record::processing_tail(&value)?;
-            RecordInfo {
-                state: RecordState::Processing,
-                fence,
-                lease_until_millis: expires_at_millis - i64::try_from(margin).unwrap_or(i64::MAX),
-                expires_at_millis,
-                result: None,
-            }
+            expires_at_millis - i64::try_from(margin).unwrap_or(i64::MAX)
         }
-        Record::Done { fence, result, .. } => RecordInfo {
-            state: RecordState::Done,
-            fence,
-            lease_until_millis: 0,
-            expires_at_millis,
-            result: Some(result),
-        },
+        Record::Done { .. } | Record::Released => 0,
     };
-    Ok(Some(info))
+    Ok(Some(Inspected {
+        record,
+        expires_at_millis,
+        lease_until_millis,
+    }))
+}
+
+/// A live record for `Store::inspect` (a released one is not live).
+fn decode_record(reply: Value) -> Result<Option<RecordInfo>, RecordError> {
+    let Some(found) = read_inspected(reply)? else {
+        return Ok(None);
+    };
+    let (state, fence, result) = match found.record {
+        Record::Released => return Ok(None),
+        Record::Processing { fence, .. } => (RecordState::Processing, fence, None),
+        Record::Done { fence, result, .. } => (RecordState::Done, fence, Some(result)),
+    };
+    Ok(Some(RecordInfo {
+        state,
+        fence,
+        lease_until_millis: found.lease_until_millis,
+        expires_at_millis: found.expires_at_millis,
+        result,
+    }))
 }
 
 /// What `stats` counts a record as.
@@ -720,29 +739,11 @@ enum Kind {
 
 /// Sorts one `inspect.lua` reply for `stats`; `None` for a key that is gone.
 fn classify(reply: Value, now_millis: i64) -> Result<Option<Kind>, RecordError> {
-    let Value::Array(items) = reply else {
-        return Err(RecordError::Malformed(Malformed(
-            "inspect.lua did not answer an array",
-        )));
-    };
-    let mut items = items.into_iter();
-    let Some(value) = optional(items.next()) else {
-        return Ok(None);
-    };
-    let value = bytes(Some(value))?;
-    let expires_at = int(items.next())?;
-    Ok(Some(match record::decode(&value)? {
+    Ok(read_inspected(reply)?.map(|found| match found.record {
         Record::Released => Kind::Released,
         Record::Done { .. } => Kind::Done,
-        Record::Processing { .. } => {
-            let (_, _, margin) = record::processing_tail(&value)?;
-            let lease_until = expires_at - i64::try_from(margin).unwrap_or(i64::MAX);
-            if lease_until > now_millis {
-                Kind::Processing
-            } else {
-                Kind::Stalled
-            }
-        }
+        Record::Processing { .. } if found.lease_until_millis > now_millis => Kind::Processing,
+        Record::Processing { .. } => Kind::Stalled,
     }))
 }
 
