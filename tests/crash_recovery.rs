@@ -71,6 +71,8 @@ struct Effects {
     orders: Vec<Row>,
     coupons: Vec<Row>,
     messages: Vec<Row>,
+    restores: Vec<Row>,
+    cancellations: Vec<Row>,
     stock_left: i64,
 }
 
@@ -87,6 +89,8 @@ impl Tables {
                     orders: pool.read_rows("orders").await,
                     coupons: pool.read_rows("coupons").await,
                     messages: pool.read_rows("messages").await,
+                    restores: pool.read_rows("stock_restores").await,
+                    cancellations: pool.read_rows("order_cancellations").await,
                     stock_left: pool.read_stock("stock").await,
                 };
                 pool.close().await;
@@ -97,6 +101,10 @@ impl Tables {
                 orders: admin.read_rows(&format!("{schema}.orders")).await,
                 coupons: admin.read_rows(&format!("{schema}.coupons")).await,
                 messages: admin.read_rows(&format!("{schema}.messages")).await,
+                restores: admin.read_rows(&format!("{schema}.stock_restores")).await,
+                cancellations: admin
+                    .read_rows(&format!("{schema}.order_cancellations"))
+                    .await,
                 stock_left: admin.read_stock(&format!("{schema}.stock")).await,
             },
         }
@@ -414,6 +422,144 @@ async fn kill_and_retry(store_args: &[String], tables: &Tables, point: &'static 
     assert_eq!(got.stock_left, STOCK - 1, "stock moved once\n{context}");
 }
 
+/// Kills a first process mid-compensation: step three failed with a final
+/// error, the order was cancelled (the first compensation), and the process
+/// dies inside the stock restore (the second). A second process retries and
+/// must finish the compensations without redoing the cancellation, without
+/// running any step forward, and answer with the final error; a third retry
+/// only replays it. Blocks: run it off the async workers.
+fn kill_mid_compensation_then_retry(store_args: &[String], client_order_no: &str) -> Runs {
+    let mut first = Proc::start(store_args, client_order_no, "reject-kill-in-restore");
+    first.wait_for("at restore_stock before-write");
+    let status = first.kill();
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "not killed by SIGKILL: {status:?}"
+    );
+    let first_pid = first.pid();
+    let first_log = first.transcript();
+    let first_out = first.seen.clone();
+
+    let mut second = Proc::start(store_args, client_order_no, "reject");
+    let status = second.finish();
+    let second_pid = second.pid();
+    let second_log = second.transcript();
+    let mut context = format!(
+        "-- first process (pid {first_pid}, killed mid-compensation) --\n{first_log}\n-- second process (pid {second_pid}) --\n{second_log}"
+    );
+    assert!(status.success(), "the retry failed: {status:?}\n{context}");
+
+    // Retried once more after the flow finished giving up: a replay.
+    let mut third = Proc::start(store_args, client_order_no, "reject");
+    let status = third.finish();
+    let third_log = third.transcript();
+    context.push_str(&format!("\n-- third process --\n{third_log}"));
+    assert!(
+        status.success(),
+        "the second retry failed: {status:?}\n{context}"
+    );
+    assert_eq!(
+        third.seen,
+        ["final coupon_rejected"],
+        "a retry of a flow that gave up must only replay its final error\n{context}"
+    );
+    Runs {
+        first_pid,
+        first_out,
+        second_pid,
+        second_out: second.seen.clone(),
+        context,
+    }
+}
+
+async fn kill_mid_compensation(store_args: &[String], tables: &Tables) {
+    let client_order_no = format!("c-{}", random_hex());
+    let args = store_args.to_vec();
+    let runs = tokio::task::spawn_blocking(move || {
+        kill_mid_compensation_then_retry(&args, &client_order_no)
+    })
+    .await
+    .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    let Runs {
+        first_pid,
+        ref first_out,
+        second_pid,
+        ref second_out,
+        ref context,
+    } = runs;
+
+    // The first process: both steps, the rejection, the cancellation, then death.
+    let [(ticket, "new")] = ran(first_out, "deduct_stock")[..] else {
+        panic!("the first process should have deducted stock once\n{context}");
+    };
+    let [(order_no, "new")] = ran(first_out, "insert_order")[..] else {
+        panic!("the first process should have created the order once\n{context}");
+    };
+    assert!(
+        first_out.iter().any(|l| l == "ran issue_coupon rejected"),
+        "the first process should have met the rejection\n{context}"
+    );
+    let [(cancellation, "new")] = ran(first_out, "cancel_order")[..] else {
+        panic!("the first process should have cancelled the order once\n{context}");
+    };
+    assert!(ran(first_out, "restore_stock").is_empty(), "{context}");
+
+    // The retry: no step ran forward (not even the rejected one), the finished
+    // cancellation was replayed, the restore ran once.
+    for step in ["deduct_stock", "insert_order", "publish", "cancel_order"] {
+        assert!(
+            ran(second_out, step).is_empty(),
+            "the retry ran {step} again\n{context}"
+        );
+    }
+    assert!(
+        !second_out.iter().any(|l| l.starts_with("ran issue_coupon")),
+        "the retry ran the rejected step forward again\n{context}"
+    );
+    let [(restore, "new")] = ran(second_out, "restore_stock")[..] else {
+        panic!("the retry should have restored the stock once\n{context}");
+    };
+    assert_eq!(
+        second_out.last().map(String::as_str),
+        Some("final coupon_rejected"),
+        "{context}"
+    );
+
+    let row = |id: &str, refers_to: &str, made_by| Row {
+        id: id.to_owned(),
+        refers_to: refers_to.to_owned(),
+        made_by,
+    };
+    let got = tables.read().await;
+    assert_eq!(
+        got.ledger,
+        [row(ticket, "SKU-42", first_pid)],
+        "stock_ledger\n{context}"
+    );
+    assert_eq!(
+        got.orders,
+        [row(order_no, ticket, first_pid)],
+        "orders\n{context}"
+    );
+    assert!(got.coupons.is_empty(), "coupons\n{context}");
+    assert!(got.messages.is_empty(), "messages\n{context}");
+    assert_eq!(
+        got.cancellations,
+        [row(cancellation, order_no, first_pid)],
+        "order_cancellations: the order is cancelled once\n{context}"
+    );
+    assert_eq!(
+        got.restores,
+        [row(restore, ticket, second_pid)],
+        "stock_restores: the stock is restored once\n{context}"
+    );
+    assert_eq!(
+        got.stock_left, STOCK,
+        "deducted once and restored once\n{context}"
+    );
+}
+
 fn remove_sqlite(path: &Path) {
     for suffix in ["", "-wal", "-shm"] {
         let mut file = path.as_os_str().to_owned();
@@ -439,6 +585,72 @@ async fn sqlite_a_kill_inside_step_three_leaves_each_effect_once() {
         kill_and_retry(&args, &tables, point).await;
         remove_sqlite(&path);
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sqlite_a_kill_mid_compensation_compensates_each_step_once() {
+    let path = sqlite_path("sqlite-comp");
+    let args = [
+        "sqlite".to_owned(),
+        "--sqlite".into(),
+        path.display().to_string(),
+    ];
+    kill_mid_compensation(&args, &Tables::Sqlite(path.clone())).await;
+    remove_sqlite(&path);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_a_kill_mid_compensation_compensates_each_step_once() {
+    let url = services::postgres_url();
+    let Some(admin) = services::reachable(
+        "PostgreSQL",
+        &url,
+        PgPoolOptions::new().max_connections(2).connect(&url).await,
+    ) else {
+        return;
+    };
+    let schema = format!("idem_test_crash_comp_{}", random_hex());
+    sqlx::query(&format!("CREATE SCHEMA {schema}"))
+        .execute(&admin)
+        .await
+        .expect("create schema");
+    let args = [
+        "postgres".to_owned(),
+        "--postgres".into(),
+        url.clone(),
+        "--schema".into(),
+        schema.clone(),
+    ];
+    let tables = Tables::Pg {
+        admin: admin.clone(),
+        schema: schema.clone(),
+    };
+    kill_mid_compensation(&args, &tables).await;
+    sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+        .execute(&admin)
+        .await
+        .expect("drop schema");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_a_kill_mid_compensation_compensates_each_step_once() {
+    let url = services::redis_url();
+    if services::reachable("Redis", &url, RedisStore::connect(&url).await).is_none() {
+        return;
+    }
+    let path = sqlite_path("redis-comp");
+    let prefix = format!("idem-test:crash-comp:{}:", random_hex());
+    let args = [
+        "redis".to_owned(),
+        "--redis".into(),
+        url.clone(),
+        "--prefix".into(),
+        prefix,
+        "--sqlite".into(),
+        path.display().to_string(),
+    ];
+    kill_mid_compensation(&args, &Tables::Sqlite(path.clone())).await;
+    remove_sqlite(&path);
 }
 
 #[tokio::test(flavor = "multi_thread")]

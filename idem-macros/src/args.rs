@@ -140,6 +140,7 @@ fn example(name: &Ident) -> &'static str {
         "final_err" => "final_err = AppError::is_final",
         "tx" => "tx = tx (a `&mut sqlx::Transaction` parameter)",
         "crate" => "crate = \"my_reexport::idem_runtime\"",
+        "compensate" => "compensate = \"restore_stock\"",
         _ => "name = value",
     }
 }
@@ -235,12 +236,15 @@ fn unknown(name: &str, known: &[&str]) -> String {
 /// The options of `#[step(…)]`.
 pub(crate) struct StepArgs {
     pub name: Option<LitStr>,
+    /// `compensate = "restore_stock"`: what undoes the step when its flow gives up.
+    pub compensate: Option<LitStr>,
     pub krate: Option<syn::Path>,
 }
 
 pub(crate) fn parse_step(tokens: TokenStream, errors: &mut Errors) -> StepArgs {
     let mut args = StepArgs {
         name: None,
+        compensate: None,
         krate: None,
     };
     let parser = |input: ParseStream| -> syn::Result<()> {
@@ -263,7 +267,11 @@ pub(crate) fn parse_step(tokens: TokenStream, errors: &mut Errors) -> StepArgs {
                     let name = lit_str(&item, errors);
                     set_once(&mut args.name, name, &item.name, errors);
                 }
-                other => errors.error(&item.name, unknown(other, &["name", "crate"])),
+                "compensate" => {
+                    let compensation = lit_str(&item, errors);
+                    set_once(&mut args.compensate, compensation, &item.name, errors);
+                }
+                other => errors.error(&item.name, unknown(other, &["name", "compensate", "crate"])),
             }
         }
         Ok(())

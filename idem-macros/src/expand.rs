@@ -9,7 +9,7 @@ use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{AttrStyle, Attribute, ItemFn, LitStr, Path, ReturnType};
 
-use crate::check::Plan;
+use crate::check::{Compensation, Plan};
 use crate::segments::Segment;
 
 /// `req.user.id` as an expression, spanned on the attribute's string.
@@ -319,6 +319,7 @@ pub(crate) fn step(
     name: &LitStr,
     ok: Option<&syn::Type>,
     err: Option<&syn::Type>,
+    compensation: Option<&Compensation>,
     func: &ItemFn,
     krate: &Path,
 ) -> TokenStream {
@@ -327,14 +328,66 @@ pub(crate) fn step(
     let checks = type_checks(krate, func, ok, err, false);
     let dispatch = dispatch(krate, func);
     let body = body_block(func);
+    let call = match compensation {
+        None => quote!(__idem_dispatch.run_step(#name, #body).await),
+        Some(comp) => compensated_call(name, comp, body, krate),
+    };
     quote! {
         #(#attrs)*
         #vis #sig {
             #(#inner_attrs)*
             #checks
             #dispatch
-            __idem_dispatch.run_step(#name, #body).await
+            #call
         }
+    }
+}
+
+/// The step's call with its compensation: a closure that gets the step's
+/// output and calls the compensation on it, written on the `compensate`
+/// string's span so rustc's "no function named …" and "expected `u64`, found
+/// `String`" land there. A method's compensation gets a clone of `self`: it
+/// runs after the flow's body, when the step's borrow has ended.
+fn compensated_call(
+    name: &LitStr,
+    comp: &Compensation,
+    body: TokenStream,
+    krate: &Path,
+) -> TokenStream {
+    let (lit, receiver, call) = match comp {
+        Compensation::Method(lit, ident) => {
+            let span = lit.span();
+            let k = respan(krate, span);
+            let receiver = quote_spanned! {span=>
+                let __idem_this = #k::__private::compensation_receiver::<Self>(&self);
+            };
+            let call = quote_spanned!(span=> Self::#ident(&__idem_this, __idem_output));
+            (lit, receiver, call)
+        }
+        Compensation::Free(lit, path) => {
+            let span = lit.span();
+            (
+                lit,
+                TokenStream::new(),
+                quote_spanned!(span=> #path(__idem_output)),
+            )
+        }
+    };
+    let span = lit.span();
+    let k = respan(krate, span);
+    let awaited = quote_spanned!(span=> #k::__private::compensation_result(#call.await));
+    quote! {
+        #receiver
+        #[allow(unused_imports)]
+        use #krate::__private::{AfterTypeErrorCompensated as _, WhenTypesHoldCompensated as _};
+        __idem_dispatch
+            .run_step_compensated(
+                #name,
+                #lit,
+                move |__idem_output| async move { #awaited },
+                #body,
+            )
+            .await
     }
 }
 

@@ -12,6 +12,7 @@ mod check;
 mod duration_literal;
 mod errors;
 mod expand;
+mod key_part;
 mod param_bindings;
 mod segments;
 mod suggest;
@@ -239,10 +240,72 @@ pub fn step(attr: TokenStream, item: TokenStream) -> TokenStream {
     let mut errors = Errors::default();
     let mut args = args::parse_step(attr.into(), &mut errors);
     let krate = expand::runtime_path(args.krate.take());
-    let (ok, err) = check::step(&args, &func, &mut errors);
+    let ((ok, err), compensation) = check::step(&args, &func, &mut errors);
     match args.name {
-        Some(name) if errors.is_empty() => expand::step(&name, ok, err, &func, &krate).into(),
+        Some(name) if errors.is_empty() => {
+            expand::step(&name, ok, err, compensation.as_ref(), &func, &krate).into()
+        }
         _ => with_errors(item2, errors.into_compile_errors()),
+    }
+}
+
+/// Derives `idem_runtime::KeyPart` for a struct, a tuple struct or an enum, so
+/// a whole business value can be a key segment (`key = "req.line"`) with the
+/// same misuse checks as the segments of `#[idempotent]`.
+///
+/// ```
+/// use idem_runtime::{Key, KeyPart};
+///
+/// #[derive(KeyPart)]
+/// struct OrderLine { sku: String, warehouse: u32 }
+///
+/// #[derive(KeyPart)]
+/// struct Sku(u64); // a newtype keys like the value it wraps
+///
+/// #[derive(KeyPart)]
+/// enum Target { Account { user_id: u64 }, Card(String), Anonymous }
+///
+/// let line = OrderLine { sku: "SKU-1".into(), warehouse: 3 };
+/// let a = Key::builder("orders").part(&line).part(&Target::Card("4242".into())).finish();
+/// let b = Key::builder("orders").part(&line).part(&Target::Account { user_id: 4242 }).finish();
+/// assert_ne!(a, b);
+/// assert_eq!(
+///     Key::builder("s").part(&Sku(7)).finish(),
+///     Key::builder("s").part(&7u64).finish(),
+/// );
+/// ```
+///
+/// # Encoding
+///
+/// Injective for a given type: a newtype (a tuple struct of one field) encodes
+/// as its field; any other struct writes its field count and then each field in
+/// declaration order; an enum writes the variant's name, then its field count
+/// and fields. So renaming a field keeps the keys, while reordering fields,
+/// renaming a variant or adding a field changes them, as changing the key
+/// segments of an attribute would. Every field must itself be a `KeyPart`;
+/// generic parameters get a `KeyPart` bound.
+///
+/// # Refused at compile time
+///
+/// - a field named like a value that changes on every retry, by the rules of
+///   `#[idempotent]`'s segments (`created_at`, `timestamp`, `request_id`,
+///   `nonce`, `retry_count`, `delivery_attempt`, …), and a field of a clock
+///   type; `#[key_part(allow)]` on the field exempts a value that really is
+///   fixed per intent (an `allow` that exempts nothing is an error too);
+/// - `f32` and `f64` anywhere in a field's type: equal amounts differ in their
+///   last bits and NaN never equals itself;
+/// - maps and sets (`HashMap`, `HashSet`, `BTreeMap`, `BTreeSet`, `IndexMap`,
+///   …): a hashed one iterates in a per-process order, and a whole collection
+///   changes key when one entry is added;
+/// - unions.
+///
+/// `#[key_part(crate = "path")]` on the type names where `idem_runtime` is,
+/// when it is reached through a re-export.
+#[proc_macro_derive(KeyPart, attributes(key_part))]
+pub fn derive_key_part(item: TokenStream) -> TokenStream {
+    match syn::parse::<syn::DeriveInput>(item) {
+        Ok(input) => key_part::derive(input).into(),
+        Err(e) => e.to_compile_error().into(),
     }
 }
 

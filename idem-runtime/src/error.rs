@@ -79,6 +79,32 @@ pub enum Error {
         scope: String,
     },
 
+    /// An earlier run of this flow gave up with a final error and started
+    /// compensating its finished steps, so no step runs forward any more: the
+    /// flow only finishes its compensations and returns that final error.
+    #[error(
+        "`{scope}`: the flow gave up with a final error and is compensating its finished steps, so this step does not run"
+    )]
+    GaveUp {
+        /// The step that did not run.
+        scope: String,
+    },
+
+    /// A compensation failed. The flow's claim is released, so a retry of the
+    /// call resumes the compensations: the finished ones replay, this one runs
+    /// again.
+    #[error(
+        "`{scope}`: compensation `{scope}` of step `{step}` failed ({message}); the call was released so a retry resumes the compensations"
+    )]
+    CompensationFailed {
+        /// The compensation that failed.
+        scope: String,
+        /// The step it compensates.
+        step: String,
+        /// The compensation's error, as its `Debug` output.
+        message: String,
+    },
+
     /// `tx = …` named a connection that is not inside a transaction. In
     /// autocommit the claim would commit at once with nothing renewing its
     /// lease while the body runs, so a slow body could be taken over while

@@ -31,7 +31,33 @@ pub(crate) struct FlowContext {
     // lost lease up the chain stops new steps down here too.
     parent: Option<Arc<FlowContext>>,
     occurrences: Mutex<HashMap<&'static str, Occurrences>>,
+    /// The compensations of the steps with `compensate` that finished (ran or
+    /// replayed) in this run, in the order they finished.
+    compensations: Mutex<Vec<Pending>>,
+    /// A step of this run replayed a record: this run is a retry, and an
+    /// earlier run may have given up.
+    replayed: AtomicBool,
+    /// The call treats some errors as final (`final_err`), so it can give up.
+    may_give_up: AtomicBool,
+    /// What is known of the give-up record: `None` not read yet, `Some(None)`
+    /// absent, `Some(Some(final error))` an earlier run gave up.
+    gave_up: Mutex<Option<Option<Vec<u8>>>>,
 }
+
+/// A finished step's compensation, waiting for the flow to give up.
+pub(crate) struct Pending {
+    pub(crate) step: &'static str,
+    pub(crate) compensation: &'static str,
+    /// The key of the step's record; the compensation's own record hangs off it.
+    pub(crate) step_key: Key,
+    /// Runs the compensation as a recorded step under the given settings, store
+    /// and key; `Err` carries the compensation's error, for the message.
+    pub(crate) run:
+        Box<dyn FnOnce(crate::protocol::Spec, StoreRef, Key) -> CompensationFuture + Send>,
+}
+
+pub(crate) type CompensationFuture =
+    std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 
 /// How a step name's calls are numbered within one run of a flow.
 ///
@@ -105,6 +131,10 @@ impl FlowContext {
             lease_lost: AtomicBool::new(false),
             parent: current(),
             occurrences: Mutex::new(HashMap::new()),
+            compensations: Mutex::new(Vec::new()),
+            replayed: AtomicBool::new(false),
+            may_give_up: AtomicBool::new(false),
+            gave_up: Mutex::new(None),
         })
     }
 
@@ -125,6 +155,56 @@ impl FlowContext {
         (occurrence, key)
     }
 
+    /// Records a finished step's compensation.
+    pub(crate) fn push_compensation(&self, pending: Pending) {
+        lock(&self.compensations).push(pending);
+    }
+
+    /// The compensations registered so far, in the order their steps finished.
+    pub(crate) fn take_compensations(&self) -> Vec<Pending> {
+        std::mem::take(&mut *lock(&self.compensations))
+    }
+
+    pub(crate) fn has_compensations(&self) -> bool {
+        !lock(&self.compensations).is_empty()
+    }
+
+    pub(crate) fn mark_replayed(&self) {
+        self.replayed.store(true, Ordering::Relaxed);
+    }
+
+    pub(crate) fn replayed(&self) -> bool {
+        self.replayed.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_may_give_up(&self) {
+        self.may_give_up.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a step about to run must first look for an earlier run's give-up
+    /// record. Only a retry (a step replayed) of a call that can give up and
+    /// has something to compensate can meet one; a first run pays nothing.
+    pub(crate) fn must_look_for_give_up(&self) -> bool {
+        self.may_give_up.load(Ordering::Relaxed)
+            && self.replayed()
+            && self.has_compensations()
+            && lock(&self.gave_up).is_none()
+    }
+
+    /// What is known of the give-up record (see the field).
+    pub(crate) fn known_give_up(&self) -> Option<Option<Vec<u8>>> {
+        lock(&self.gave_up).clone()
+    }
+
+    pub(crate) fn set_give_up(&self, record: Option<Vec<u8>>) {
+        *lock(&self.gave_up) = Some(record);
+    }
+
+    /// The key of the record saying this flow gave up, bound like the steps'.
+    pub(crate) fn give_up_key(&self) -> Key {
+        self.step_root.derive("idem:gave-up")
+    }
+
     /// The heartbeat found another owner on the record.
     pub(crate) fn mark_lease_lost(&self) {
         self.lease_lost.store(true, Ordering::Relaxed);
@@ -135,6 +215,10 @@ impl FlowContext {
         self.lease_lost.load(Ordering::Relaxed)
             || self.parent.as_ref().is_some_and(|p| p.lease_lost())
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 pub(crate) fn scope<F: Future>(ctx: Arc<FlowContext>, fut: F) -> impl Future<Output = F::Output> {

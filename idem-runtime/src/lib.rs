@@ -62,7 +62,7 @@ pub mod unique;
 // Their documentation (options, durations, what they expand to) is on the
 // macros themselves: rustdoc shows it here, and would put any doc comment on
 // these lines in front of it.
-pub use idem_macros::{idempotent, step};
+pub use idem_macros::{KeyPart, idempotent, step};
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{CodecError, Error, StoreError};
@@ -86,6 +86,10 @@ pub mod __private {
         assert_serializable, assert_storable_error,
     };
     pub use crate::key::{FingerprintBuilder, Key, KeyBuilder};
+    pub use crate::protocol::compensate::{
+        AfterTypeErrorCompensated, WhenTypesHoldCompensated, compensation_receiver,
+        compensation_result,
+    };
     pub use crate::protocol::{Cacheable, FromIdemError, StorableError};
     pub use crate::spec::{Kind, Spec};
     pub use crate::store::{AsStore, StoreRef};

@@ -54,3 +54,12 @@ pub(crate) fn message(role: Role, param: &str, clock: &syn::Ident) -> String {
         fields = role.fields(),
     )
 }
+
+/// The same judgement on a field of a `#[derive(KeyPart)]` type.
+pub(crate) fn field_message(ty: &str, field: &str, clock: &syn::Ident) -> String {
+    format!(
+        "field `{field}` of `{ty}` has a clock type (`{clock}`): `#[derive(KeyPart)]` puts every field into the key, and its value is different on every retry, {harm}\n\
+         help: leave clock values out of key types; a date that is fixed per intent can be kept as a string or number and the field marked `#[key_part(allow)]`",
+        harm = Role::Key.harm(),
+    )
+}

@@ -2,12 +2,13 @@
 //! span on the offending token and a message that says what to do instead
 //! (each has a trybuild case under `tests/ui`).
 
-mod clock_types;
+pub(crate) mod clock_types;
 mod default_scope;
 mod signature;
-mod time_like_names;
+pub(crate) mod time_like_names;
 mod transaction;
 mod ttl_lease_wait;
+pub(crate) mod unkeyable_types;
 
 use std::collections::HashSet;
 
@@ -242,7 +243,19 @@ fn check_segment(
 /// The step's `T` and `E`, when written out.
 pub(crate) type StepTypes<'a> = (Option<&'a Type>, Option<&'a Type>);
 
-pub(crate) fn step<'a>(args: &StepArgs, func: &'a ItemFn, errors: &mut Errors) -> StepTypes<'a> {
+/// A step's compensation, validated.
+pub(crate) enum Compensation {
+    /// On a method: `Self::name(&self_clone, output)`.
+    Method(LitStr, syn::Ident),
+    /// On a free fn: `path(output)`.
+    Free(LitStr, syn::Path),
+}
+
+pub(crate) fn step<'a>(
+    args: &StepArgs,
+    func: &'a ItemFn,
+    errors: &mut Errors,
+) -> (StepTypes<'a>, Option<Compensation>) {
     let result = signature::check(&func.sig, "step", errors);
     match &args.name {
         None => errors.at(
@@ -258,8 +271,46 @@ pub(crate) fn step<'a>(args: &StepArgs, func: &'a ItemFn, errors: &mut Errors) -
         }
         Some(_) => {}
     }
-    match result {
+    let compensation = args
+        .compensate
+        .as_ref()
+        .and_then(|lit| compensation(lit, func, errors));
+    let types = match result {
         Some(r) => (Some(r.ok), r.err),
         None => (None, None),
+    };
+    (types, compensation)
+}
+
+fn compensation(lit: &LitStr, func: &ItemFn, errors: &mut Errors) -> Option<Compensation> {
+    let method = func.sig.receiver().is_some();
+    let Ok(mut path) = lit.parse::<syn::Path>() else {
+        errors.error(
+            lit,
+            format!(
+                "`compensate` names the async fn that undoes this step, e.g. compensate = \"restore_stock\"; `{}` is not a name",
+                lit.value()
+            ),
+        );
+        return None;
+    };
+    // Spans on the string, so "no function named …" and a mismatched output
+    // type are reported on the user's token.
+    for seg in &mut path.segments {
+        seg.ident.set_span(lit.span());
+    }
+    if method {
+        match path.get_ident() {
+            Some(ident) => Some(Compensation::Method(lit.clone(), ident.clone())),
+            None => {
+                errors.error(
+                    lit,
+                    "on a method, `compensate` names another method of the same impl, taking `&self` and the step's output: compensate = \"restore_stock\"",
+                );
+                None
+            }
+        }
+    } else {
+        Some(Compensation::Free(lit.clone(), path))
     }
 }

@@ -137,7 +137,9 @@ pub(crate) fn judge_leaf(name: &str) -> Option<Suspicion> {
     None
 }
 
-pub(crate) fn message(role: Role, segment: &str, name: &str, suspicion: Suspicion) -> String {
+/// What a suspicious name looks like, when it may be exempted, and what the
+/// value does on a retry: the wording every message about a name shares.
+fn describe(name: &str, suspicion: Suspicion) -> (&'static str, String, &'static str) {
     let (what, exempt) = match suspicion {
         Suspicion::Time => (
             "looks like a time value",
@@ -160,6 +162,17 @@ pub(crate) fn message(role: Role, segment: &str, name: &str, suspicion: Suspicio
         Suspicion::PerAttempt => "it changes with every retry or redelivery",
         Suspicion::Time | Suspicion::PerRequest => "it changes on every retry",
     };
+    (what, exempt, changes)
+}
+
+/// The judgement on a name that is itself the keyed value (a field of a
+/// `#[derive(KeyPart)]` type, the last name of a segment).
+pub(crate) fn judge_value_name(name: &str) -> Option<Suspicion> {
+    judge(name).or_else(|| judge_leaf(name))
+}
+
+pub(crate) fn message(role: Role, segment: &str, name: &str, suspicion: Suspicion) -> String {
+    let (what, exempt, changes) = describe(name, suspicion);
     // `req.created_at` names the suspicious word; `nonce` alone needs no repeat.
     let which = if segment == name {
         String::new()
@@ -173,6 +186,19 @@ pub(crate) fn message(role: Role, segment: &str, name: &str, suspicion: Suspicio
         option = role.option(),
         harm = role.harm(),
         fields = role.fields(),
+    )
+}
+
+/// The same judgement on a field of a `#[derive(KeyPart)]` type: every field
+/// goes into the key of any call keyed on the type.
+pub(crate) fn field_message(ty: &str, field: &str, suspicion: Suspicion) -> String {
+    let (what, exempt, changes) = describe(field, suspicion);
+    format!(
+        "field `{field}` of `{ty}` {what}: `#[derive(KeyPart)]` puts every field into the key, and {changes}, {harm}\n\
+         help: derive `KeyPart` on a type holding only business fields that are the same for every delivery of one intent ({fields}), or implement `KeyPart` by hand over those fields\n\
+         help: {exempt}, mark the field `#[key_part(allow)]`",
+        harm = Role::Key.harm(),
+        fields = Role::Key.fields(),
     )
 }
 

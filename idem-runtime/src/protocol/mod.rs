@@ -10,8 +10,10 @@
 //! - `hint.rs`: when a duplicate should retry (`Error::InProgress`), from the
 //!   durations this process observed;
 //! - `replays.rs`: telling a caller that a result was replayed.
+//! - `compensate.rs`: giving up a flow and undoing its finished steps.
 
 mod claim;
+pub(crate) mod compensate;
 mod heartbeat;
 mod hint;
 mod record;
@@ -245,7 +247,9 @@ where
     E: FromIdemError + Serialize + DeserializeOwned,
     F: Future<Output = Result<T, E>>,
 {
-    run::<T, M, E, F, KeepFinal<E>>(spec, store, key, fingerprint, body, &KeepFinal(is_final)).await
+    // A call that can give up compensates its finished steps first (see `compensate`).
+    let body = compensate::settle(body, is_final);
+    run::<T, M, E, _, KeepFinal<E>>(spec, store, key, fingerprint, body, &KeepFinal(is_final)).await
 }
 
 /// Runs `body` at most once per `key`, recording the claim and the result on
@@ -365,11 +369,61 @@ where
     E: FromIdemError,
     F: Future<Output = Result<T, E>>,
 {
+    match step_in_flow::<T, M, E, F>(name, body).await {
+        Ok((out, _)) => out,
+        Err(body) => body.await,
+    }
+}
+
+/// [`run_step`] for a step with a compensation: once the step finished (ran,
+/// or replayed its saved output), `compensate` is registered with its output,
+/// and runs, recorded, if the flow gives up (a call with `final_err` ends with
+/// a final error). See the README's "Compensation".
+pub async fn run_step_compensated<T, E, F, C, CF, U, E2>(
+    name: &'static str,
+    compensation: &'static str,
+    compensate: C,
+    body: F,
+) -> Result<T, E>
+where
+    T: Cacheable + Send + 'static,
+    E: FromIdemError,
+    F: Future<Output = Result<T, E>>,
+    C: FnOnce(T) -> CF + Send + 'static,
+    CF: Future<Output = Result<U, E2>> + Send + 'static,
+    U: Cacheable + Send + 'static,
+    E2: FromIdemError + std::fmt::Debug + Send + 'static,
+{
+    match step_in_flow::<T, ViaSerde, E, F>(name, body).await {
+        Ok((out, Some((flow, key)))) => {
+            if let Ok(value) = &out {
+                compensate::register(&flow, name, compensation, key, value, compensate);
+            }
+            out
+        }
+        Ok((out, None)) => out,
+        Err(body) => body.await,
+    }
+}
+
+/// A step's run inside a store-backed flow: the outcome, and for a finished
+/// step the flow and the step's record key. `Err(body)` outside such a flow,
+/// where the body just runs.
+#[allow(clippy::type_complexity)]
+async fn step_in_flow<T, M, E, F>(
+    name: &'static str,
+    body: F,
+) -> Result<(Result<T, E>, Option<(std::sync::Arc<FlowContext>, Key)>), F>
+where
+    T: StoredForm<M>,
+    E: FromIdemError,
+    F: Future<Output = Result<T, E>>,
+{
     let Some((flow, store)) = flow::current().and_then(|f| f.store.clone().map(|s| (f, s))) else {
         // Outside a flow there is nothing to resume; inside a transaction the
         // whole call commits or rolls back as one, so steps need no records.
         tracing::trace!(step = name, "step outside a store-backed flow; running it");
-        return body.await;
+        return Err(body);
     };
     // A takeover can find the step still claimed by the crashed previous owner for
     // the few milliseconds its step lease outlives the flow lease: wait that out.
@@ -386,19 +440,47 @@ where
             step = name,
             "the flow's lease was taken over; not starting the step"
         );
-        return Err(Error::LeaseLost {
-            scope: name.to_owned(),
-        }
-        .into());
+        return Ok((
+            Err(Error::LeaseLost {
+                scope: name.to_owned(),
+            }
+            .into()),
+            None,
+        ));
     }
     let (occurrence, key) = flow.next_occurrence(name);
-    let out = run::<T, M, E, F, ReleaseAll>(&spec, Some(store), key, None, body, &ReleaseAll).await;
+    let executed = std::sync::atomic::AtomicBool::new(false);
+    // Runs only when the step has no finished record, i.e. would run forward.
+    let guarded = async {
+        executed.store(true, std::sync::atomic::Ordering::Relaxed);
+        if flow.known_give_up().flatten().is_some()
+            || (flow.must_look_for_give_up()
+                && compensate::read_give_up(&flow, &store).await?.is_some())
+        {
+            tracing::info!(
+                step = name,
+                "the flow gave up in an earlier run; not running the step"
+            );
+            return Err(Error::GaveUp {
+                scope: name.to_owned(),
+            }
+            .into());
+        }
+        body.await
+    };
+    let out =
+        run::<T, M, E, _, ReleaseAll>(&spec, Some(store.clone()), key, None, guarded, &ReleaseAll)
+            .await;
     // Only a finished step spends its number; an `Err` (released, in progress,
     // a store failure) hands it back to the next call of this step.
     if out.is_ok() {
         occurrence.finish();
+        if !executed.load(std::sync::atomic::Ordering::Relaxed) {
+            flow.mark_replayed();
+        }
+        return Ok((out, Some((flow, key))));
     }
-    out
+    Ok((out, None))
 }
 
 /// The short hex of a key, written only if the span is recorded. tracing

@@ -3,8 +3,17 @@
 //! kill it with SIGKILL at a known point inside step three and retry from a
 //! second process.
 //!
+//! With the crash points `reject` and `reject-kill-in-restore` the process runs
+//! the flow's giving-up variant instead: the coupon provider rejects the order
+//! (an error `final_err` marks final), so the finished steps are compensated in
+//! reverse order (cancel the order, restore the stock); with
+//! `reject-kill-in-restore` it stops inside the stock restore, after the order
+//! was cancelled, for the parent to kill it mid-compensation. It prints
+//! `ran issue_coupon rejected`, `ran <compensation> <id> new|existing` for each
+//! compensation body and `final coupon_rejected` at the end (exit status 0).
+//!
 //! ```text
-//! crash_order <sqlite|postgres|redis> <client_order_no> <none|before-write|after-write>
+//! crash_order <sqlite|postgres|redis> <client_order_no> <none|before-write|after-write|reject|reject-kill-in-restore>
 //!             [--sqlite FILE] [--postgres URL --schema NAME] [--redis URL --prefix PREFIX]
 //! ```
 //!
@@ -45,7 +54,7 @@ const GIVE_UP_AFTER: Duration = Duration::from_secs(60);
 // Valid on SQLite and PostgreSQL alike. Each effect table holds at most one row
 // per intent (the primary key), and ids never repeat (UNIQUE): the backstop
 // that holds even if a duplicate got past idem.
-const SCHEMA: [&str; 6] = [
+const SCHEMA: [&str; 8] = [
     "CREATE TABLE IF NOT EXISTS stock (sku TEXT PRIMARY KEY, qty BIGINT NOT NULL CHECK (qty >= 0))",
     "CREATE TABLE IF NOT EXISTS stock_ledger (client_order_no TEXT PRIMARY KEY, id TEXT NOT NULL UNIQUE,
         refers_to TEXT NOT NULL, made_by BIGINT NOT NULL)",
@@ -55,21 +64,39 @@ const SCHEMA: [&str; 6] = [
         refers_to TEXT NOT NULL, made_by BIGINT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS messages (client_order_no TEXT PRIMARY KEY, id TEXT NOT NULL UNIQUE,
         refers_to TEXT NOT NULL, made_by BIGINT NOT NULL)",
+    // One compensation row per undone effect: keyed by the id it undoes.
+    "CREATE TABLE IF NOT EXISTS stock_restores (refers_to TEXT PRIMARY KEY, id TEXT NOT NULL UNIQUE,
+        made_by BIGINT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS order_cancellations (refers_to TEXT PRIMARY KEY, id TEXT NOT NULL UNIQUE,
+        made_by BIGINT NOT NULL)",
     "INSERT INTO stock (sku, qty) VALUES ('SKU-42', 10) ON CONFLICT (sku) DO NOTHING",
 ];
 
-#[derive(Debug, thiserror::Error)]
+// Serialize for `final_err`, which stores the final error; only
+// `CouponRejected` is ever final, the other variants are never stored.
+#[derive(Debug, thiserror::Error, Serialize, Deserialize)]
 enum AppError {
     #[error(transparent)]
+    #[serde(skip)]
     Idem(#[from] idem_runtime::Error),
     #[error(transparent)]
+    #[serde(skip)]
     Store(#[from] idem_runtime::StoreError),
     #[error("database: {0}")]
+    #[serde(skip)]
     Db(#[from] sqlx::Error),
     #[error("not enough stock for {0}")]
     OutOfStock(String),
     #[error("usage: {0}")]
     Usage(String),
+    #[error("the coupon provider rejected the order")]
+    CouponRejected,
+}
+
+impl AppError {
+    fn is_final(&self) -> bool {
+        matches!(self, AppError::CouponRejected)
+    }
 }
 
 /// What the flow returns, and what idem stores and replays.
@@ -89,8 +116,14 @@ enum CrashPoint {
     BeforeWrite,
     /// After step three's business write committed, before idem marks the step done.
     AfterWrite,
+    /// Step three fails with a final error: the flow gives up and compensates.
+    Reject,
+    /// Like `Reject`, and stops inside the stock restore (the second
+    /// compensation, after the order was cancelled), before its write.
+    RejectKillInRestore,
 }
 
+#[derive(Clone)]
 enum Biz {
     Sqlite(SqlitePool),
     Pg(PgPool),
@@ -106,6 +139,8 @@ macro_rules! on_biz {
     };
 }
 
+// Clone: compensations run on a clone of the service, after the flow's body.
+#[derive(Clone)]
 struct OrderService {
     store: StoreRef,
     biz: Biz,
@@ -115,6 +150,16 @@ struct OrderService {
 impl OrderService {
     #[idempotent(key = "client_order_no", scope = "crash_order.create_order", lease = "1s", ttl = "10m", store = self.store.clone())]
     async fn create_order(&self, client_order_no: &str) -> Result<Receipt, AppError> {
+        self.create_order_body(client_order_no).await
+    }
+
+    /// The giving-up variant: the same steps, with a final error from step three.
+    #[idempotent(key = "client_order_no", scope = "crash_order.create_order_or_give_up", lease = "1s", ttl = "10m", final_err = AppError::is_final, store = self.store.clone())]
+    async fn create_order_or_give_up(&self, client_order_no: &str) -> Result<Receipt, AppError> {
+        self.create_order_body(client_order_no).await
+    }
+
+    async fn create_order_body(&self, client_order_no: &str) -> Result<Receipt, AppError> {
         let ticket = self.deduct_stock(client_order_no).await?;
         let order_no = self.insert_order(client_order_no, &ticket).await?;
         let coupon = self.issue_coupon(client_order_no, &order_no).await?;
@@ -127,13 +172,13 @@ impl OrderService {
         })
     }
 
-    #[step("deduct_stock")]
+    #[step("deduct_stock", compensate = "restore_stock")]
     async fn deduct_stock(&self, client_order_no: &str) -> Result<String, AppError> {
         self.effect("deduct_stock", "stock_ledger", client_order_no, SKU, true)
             .await
     }
 
-    #[step("insert_order")]
+    #[step("insert_order", compensate = "cancel_order")]
     async fn insert_order(&self, client_order_no: &str, ticket: &str) -> Result<String, AppError> {
         self.effect("insert_order", "orders", client_order_no, ticket, false)
             .await
@@ -150,6 +195,13 @@ impl OrderService {
         if self.crash == CrashPoint::BeforeWrite {
             block_here("before-write").await;
         }
+        if matches!(
+            self.crash,
+            CrashPoint::Reject | CrashPoint::RejectKillInRestore
+        ) {
+            say("ran issue_coupon rejected");
+            return Err(AppError::CouponRejected);
+        }
         let coupon = self
             .effect("issue_coupon", "coupons", client_order_no, order_no, false)
             .await?;
@@ -163,6 +215,73 @@ impl OrderService {
     async fn publish(&self, client_order_no: &str, coupon: &str) -> Result<String, AppError> {
         self.effect("publish", "messages", client_order_no, coupon, false)
             .await
+    }
+
+    /// Undoes `deduct_stock`: puts the unit back, once per ticket.
+    async fn restore_stock(&self, ticket: String) -> Result<(), AppError> {
+        if self.crash == CrashPoint::RejectKillInRestore {
+            say("at restore_stock before-write");
+            std::future::pending::<()>().await;
+        }
+        self.undo("restore_stock", "stock_restores", &ticket, true)
+            .await
+            .map(drop)
+    }
+
+    /// Undoes `insert_order`, once per order.
+    async fn cancel_order(&self, order_no: String) -> Result<String, AppError> {
+        self.undo("cancel_order", "order_cancellations", &order_no, false)
+            .await
+    }
+
+    /// Writes the compensation row for the effect `refers_to` under a fresh
+    /// random id, or takes the one an earlier process wrote (conflict is
+    /// success); with `restock`, a new row also puts one unit of stock back in
+    /// the same transaction. Prints `ran <compensation> <id> new|existing`.
+    async fn undo(
+        &self,
+        compensation: &str,
+        table: &str,
+        refers_to: &str,
+        restock: bool,
+    ) -> Result<String, AppError> {
+        let fresh = random_id(table);
+        let insert = format!(
+            "INSERT INTO {table} (refers_to, id, made_by) VALUES ($1, $2, $3)
+             ON CONFLICT (refers_to) DO NOTHING RETURNING id"
+        );
+        let select = format!("SELECT id FROM {table} WHERE refers_to = $1");
+        let (id, new) = on_biz!(&self.biz, pool => {
+            let mut tx = pool.begin().await?;
+            let inserted: Option<String> = sqlx::query_scalar(&insert)
+                .bind(refers_to)
+                .bind(&fresh)
+                .bind(i64::from(std::process::id()))
+                .fetch_optional(&mut *tx)
+                .await?;
+            match inserted {
+                Some(id) => {
+                    if restock {
+                        sqlx::query("UPDATE stock SET qty = qty + 1 WHERE sku = $1")
+                            .bind(SKU)
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                    tx.commit().await?;
+                    (id, true)
+                }
+                None => {
+                    let id: String = sqlx::query_scalar(&select)
+                        .bind(refers_to)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                    (id, false)
+                }
+            }
+        });
+        let how = if new { "new" } else { "existing" };
+        say(&format!("ran {compensation} {id} {how}"));
+        Ok(id)
     }
 
     /// Writes the intent's row of `table` under a fresh random id, or — when
@@ -266,6 +385,8 @@ impl Args {
             "none" => CrashPoint::None,
             "before-write" => CrashPoint::BeforeWrite,
             "after-write" => CrashPoint::AfterWrite,
+            "reject" => CrashPoint::Reject,
+            "reject-kill-in-restore" => CrashPoint::RejectKillInRestore,
             other => return Err(AppError::Usage(format!("unknown crash point {other}"))),
         };
         let mut options = HashMap::new();
@@ -348,8 +469,17 @@ async fn run() -> Result<Receipt, AppError> {
     let args = Args::parse()?;
     let svc = service(&args).await?;
     let deadline = Instant::now() + GIVE_UP_AFTER;
+    let gives_up = matches!(
+        args.crash,
+        CrashPoint::Reject | CrashPoint::RejectKillInRestore
+    );
     loop {
-        match svc.create_order(&args.client_order_no).await {
+        let out = if gives_up {
+            svc.create_order_or_give_up(&args.client_order_no).await
+        } else {
+            svc.create_order(&args.client_order_no).await
+        };
+        match out {
             Err(AppError::Idem(idem_runtime::Error::InProgress { retry_after, .. }))
                 if Instant::now() < deadline =>
             {
@@ -370,6 +500,11 @@ async fn main() -> ExitCode {
                 "result {} {} {} {}",
                 r.ticket, r.order_no, r.coupon, r.message_id
             ));
+            ExitCode::SUCCESS
+        }
+        // The giving-up variant's expected end: compensated, final error stored.
+        Err(AppError::CouponRejected) => {
+            say("final coupon_rejected");
             ExitCode::SUCCESS
         }
         Err(e) => {

@@ -1,0 +1,360 @@
+//! Compensation: when a flow gives up, the steps it finished are undone in
+//! reverse order, each undo recorded so it runs once.
+//!
+//! A flow gives up when its call ends with an error its `final_err` marks
+//! final. Before anything is undone, a give-up record (the final error) is
+//! written under the flow's step root: from then on the flow only goes back.
+//! A retry that meets the record at a step that would run (a crash or a failed
+//! compensation left the call unfinished) does not run it: the step fails with
+//! [`Error::GaveUp`], and the call finishes the compensations and returns the
+//! recorded final error, even if the step would succeed this time.
+//!
+//! Each compensation is a recorded step keyed by its step's record key, so a
+//! retry replays the ones that finished and resumes at the one that did not.
+//! The finished steps are found the way a retry finds them anyway: the body
+//! runs again, and every step that replays registers its compensation with
+//! its saved output.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::{CodecError, Error};
+use crate::flow::{self, FlowContext, Pending};
+use crate::key::Key;
+use crate::store::{Completion, Outcome, StoreRef, Token};
+
+use super::claim::{Acquired, acquire};
+use super::{Cacheable, FromIdemError, Kind, ReleaseAll, Spec, run};
+
+/// The settings the give-up record and the compensations are written with.
+fn flow_spec(scope: &'static str, flow: &FlowContext) -> Spec {
+    // Like a step: a takeover can meet the crashed owner's claim for the few
+    // milliseconds it outlives the flow's lease, so it waits that out.
+    Spec {
+        scope,
+        kind: Kind::Step,
+        ttl: flow.ttl,
+        lease: flow.lease,
+        wait: Some(flow.lease),
+    }
+}
+
+const GIVE_UP_SCOPE: &str = "idem.give_up";
+
+/// Reads the flow's give-up record once per run: the final error an earlier
+/// run gave up with, if one did.
+pub(super) async fn read_give_up(
+    flow: &FlowContext,
+    store: &StoreRef,
+) -> Result<Option<Vec<u8>>, Error> {
+    if let Some(known) = flow.known_give_up() {
+        return Ok(known);
+    }
+    let spec = flow_spec(GIVE_UP_SCOPE, flow);
+    let key = flow.give_up_key();
+    let token = Token::random();
+    let found = match acquire(&spec, store, &key, token, None).await? {
+        Acquired::Replay(stored) => Some(stored.payload),
+        Acquired::Owner { .. } => {
+            // Only looking: an absent record stays absent.
+            if let Err(e) = store.release(&key, token).await {
+                tracing::warn!(error = %e, "could not release the give-up probe; it ends with its lease");
+            }
+            None
+        }
+    };
+    flow.set_give_up(found.clone());
+    Ok(found)
+}
+
+/// Writes the give-up record with `payload`, unless an earlier run wrote one:
+/// the record that stands is returned.
+async fn write_give_up(
+    flow: &FlowContext,
+    store: &StoreRef,
+    payload: Vec<u8>,
+) -> Result<Vec<u8>, Error> {
+    let spec = flow_spec(GIVE_UP_SCOPE, flow);
+    let key = flow.give_up_key();
+    let token = Token::random();
+    let stands = match acquire(&spec, store, &key, token, None).await? {
+        Acquired::Replay(stored) => stored.payload,
+        Acquired::Owner { .. } => {
+            let completion = Completion {
+                outcome: Outcome::FinalError,
+                payload: &payload,
+                ttl: flow.ttl,
+            };
+            if !store.complete(&key, token, completion).await? {
+                return Err(Error::LeaseLost {
+                    scope: GIVE_UP_SCOPE.to_owned(),
+                });
+            }
+            payload
+        }
+    };
+    flow.set_give_up(Some(stands.clone()));
+    Ok(stands)
+}
+
+/// A step that finished in this run registers its compensation with its output.
+pub(super) fn register<T, C, CF, U, E2>(
+    flow: &FlowContext,
+    step: &'static str,
+    compensation: &'static str,
+    step_key: Key,
+    output: &T,
+    compensate: C,
+) where
+    T: Cacheable + Send + 'static,
+    C: FnOnce(T) -> CF + Send + 'static,
+    CF: Future<Output = Result<U, E2>> + Send + 'static,
+    U: Cacheable + Send + 'static,
+    E2: FromIdemError + Debug + Send + 'static,
+{
+    // The compensation gets the output as a replay would see it: its encoding.
+    let encoded = serde_json::to_vec(output);
+    let run = move |spec: Spec, store: StoreRef, key: Key| -> flow::CompensationFuture {
+        Box::pin(async move {
+            let encoded = encoded.map_err(|e| {
+                format!(
+                    "the step's output does not encode ({})",
+                    CodecError::encoding(&e)
+                )
+            })?;
+            let output: T = serde_json::from_slice(&encoded).map_err(|e| {
+                format!(
+                    "the step's output does not decode ({})",
+                    CodecError::from(e)
+                )
+            })?;
+            let out: Result<U, E2> = run(
+                &spec,
+                Some(store),
+                key,
+                None,
+                compensate(output),
+                &ReleaseAll,
+            )
+            .await;
+            out.map(drop).map_err(|e| format!("{e:?}"))
+        })
+    };
+    flow.push_compensation(Pending {
+        step,
+        compensation,
+        step_key,
+        run: Box::new(run),
+    });
+}
+
+/// Runs the registered compensations in reverse order of their steps.
+async fn compensate_all(flow: &Arc<FlowContext>, store: &StoreRef) -> Result<(), Error> {
+    for pending in flow.take_compensations().into_iter().rev() {
+        if flow.lease_lost() {
+            return Err(Error::LeaseLost {
+                scope: pending.compensation.to_owned(),
+            });
+        }
+        let spec = flow_spec(pending.compensation, flow);
+        let key = pending.step_key.derive("idem:compensate");
+        tracing::info!(
+            step = pending.step,
+            compensation = pending.compensation,
+            "compensating a finished step"
+        );
+        (pending.run)(spec, store.clone(), key)
+            .await
+            .map_err(|message| {
+                tracing::warn!(step = pending.step, compensation = pending.compensation, %message, "compensation failed; the call is released for a retry");
+                Error::CompensationFailed {
+                    scope: pending.compensation.to_owned(),
+                    step: pending.step.to_owned(),
+                    message,
+                }
+            })?;
+    }
+    Ok(())
+}
+
+/// The body of a call with `final_err`, which can give up: after the body,
+/// decides whether the flow gave up (now, or in an earlier run) and if so
+/// compensates before the final error is recorded. Runs inside the call's
+/// flow scope and heartbeat, so the lease holds while it compensates.
+pub(super) async fn settle<T, E, F>(body: F, is_final: fn(&E) -> bool) -> Result<T, E>
+where
+    E: FromIdemError + Serialize + DeserializeOwned,
+    F: Future<Output = Result<T, E>>,
+{
+    let flow = flow::current();
+    if let Some(flow) = &flow {
+        flow.set_may_give_up();
+    }
+    let out = body.await;
+    let Some((flow, store)) = flow.and_then(|f| f.store.clone().map(|s| (f, s))) else {
+        return out;
+    };
+    let decided = match flow.known_give_up() {
+        Some(Some(payload)) => Some(payload),
+        // Nothing was finished that could be undone: the outcome stands as is.
+        _ if !flow.has_compensations() => return out,
+        _ => None,
+    };
+    let (payload, ours) = match (decided, &out) {
+        (Some(payload), _) => (payload, None),
+        (None, Err(e)) if is_final(e) => {
+            let Ok(mine) = serde_json::to_vec(e) else {
+                // The record layer reports an error that cannot be stored;
+                // giving up on a decision that cannot be recorded is not safe.
+                return out;
+            };
+            match write_give_up(&flow, &store, mine.clone()).await {
+                Ok(stands) => {
+                    let ours = stands == mine;
+                    (stands, ours.then_some(()))
+                }
+                Err(e) => return Err(E::from(e)),
+            }
+        }
+        // A retry whose steps all replayed never looked for the record; an
+        // earlier run that gave up still decides.
+        (None, _) if flow.replayed() => match read_give_up(&flow, &store).await {
+            Ok(Some(payload)) => (payload, None),
+            Ok(None) => return out,
+            Err(e) => return Err(E::from(e)),
+        },
+        (None, _) => return out,
+    };
+    if let Err(e) = compensate_all(&flow, &store).await {
+        return Err(E::from(e));
+    }
+    if ours.is_some() {
+        return out;
+    }
+    match serde_json::from_slice::<E>(&payload) {
+        Ok(e) => Err(e),
+        Err(e) => Err(E::from(Error::Codec {
+            scope: GIVE_UP_SCOPE.to_owned(),
+            source: CodecError::from(e),
+        })),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// What `#[step(…, compensate = "…")]` expands to; hidden, through `__private`.
+// ---------------------------------------------------------------------------
+
+/// The receiver of a step method with a compensation: the compensation runs
+/// after the flow's body, when the step's borrow of `self` has ended, so it
+/// gets a clone.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "a step method with `compensate` needs `{Self}: Clone + Send + Sync + 'static`",
+    label = "the compensation runs after the flow's body has returned, on a clone of `self`",
+    note = "derive `Clone` for `{Self}` (a service holding pools and `Arc`s clones cheaply), or put the step and its compensation on a free fn"
+)]
+pub trait CompensableReceiver: Clone + Send + Sync + 'static {}
+impl<S: Clone + Send + Sync + 'static> CompensableReceiver for S {}
+
+#[doc(hidden)]
+#[inline]
+pub fn compensation_receiver<S: CompensableReceiver>(this: &S) -> S {
+    this.clone()
+}
+
+/// A compensation's result: stored and replayed like a step's.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "a compensation must return `Result<T, E>` with a storable `T` and an `E: From<idem_runtime::Error> + Debug`; it returns `{Self}`",
+    label = "the compensation's result is recorded so a retry never compensates twice",
+    note = "return e.g. `Result<(), AppError>` where `AppError: From<idem_runtime::Error> + Debug`"
+)]
+pub trait CompensationResult {}
+impl<U: Cacheable + Send + 'static, E2: FromIdemError + Debug + Send + 'static> CompensationResult
+    for Result<U, E2>
+{
+}
+
+#[doc(hidden)]
+#[inline]
+pub fn compensation_result<R: CompensationResult>(r: R) -> R {
+    r
+}
+
+/// The protocol call of a compensated step, for result types it can cache
+/// (the autoref dispatch of `diagnostics`).
+#[doc(hidden)]
+pub trait WhenTypesHoldCompensated<T, E> {
+    #[allow(clippy::too_many_arguments)]
+    fn run_step_compensated<'a, F, C, CF, U, E2>(
+        &self,
+        name: &'static str,
+        compensation: &'static str,
+        compensate: C,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>> + 'a
+    where
+        F: Future<Output = Result<T, E>> + 'a,
+        T: Send + 'static,
+        E: 'a,
+        C: FnOnce(T) -> CF + Send + 'static,
+        CF: Future<Output = Result<U, E2>> + Send + 'static,
+        U: Cacheable + Send + 'static,
+        E2: FromIdemError + Debug + Send + 'static;
+}
+
+impl<T: Cacheable, E: FromIdemError> WhenTypesHoldCompensated<T, E>
+    for crate::diagnostics::Dispatch<Result<T, E>>
+{
+    fn run_step_compensated<'a, F, C, CF, U, E2>(
+        &self,
+        name: &'static str,
+        compensation: &'static str,
+        compensate: C,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>> + 'a
+    where
+        F: Future<Output = Result<T, E>> + 'a,
+        T: Send + 'static,
+        E: 'a,
+        C: FnOnce(T) -> CF + Send + 'static,
+        CF: Future<Output = Result<U, E2>> + Send + 'static,
+        U: Cacheable + Send + 'static,
+        E2: FromIdemError + Debug + Send + 'static,
+    {
+        super::run_step_compensated(name, compensation, compensate, body)
+    }
+}
+
+struct NeverInstantiated<T: ?Sized>(std::marker::PhantomData<T>);
+
+impl<T: ?Sized> NeverInstantiated<T> {
+    const ERROR: () = panic!(
+        "idem: the compensated step fell back to `AfterTypeErrorCompensated` in a crate with no type error; please report this as a bug in idem"
+    );
+}
+
+/// The fallback after a type error was reported (see `diagnostics`).
+#[doc(hidden)]
+pub trait AfterTypeErrorCompensated {
+    fn run_step_compensated<'a, F, C>(
+        &self,
+        _: &'static str,
+        _: &'static str,
+        _: C,
+        _: F,
+    ) -> impl Future<Output = F::Output> + 'a
+    where
+        F: Future + 'a,
+    {
+        #[allow(clippy::let_unit_value)]
+        let () = NeverInstantiated::<F>::ERROR;
+        async { unreachable!("AfterTypeErrorCompensated is never instantiated") }
+    }
+}
+
+impl<R> AfterTypeErrorCompensated for &crate::diagnostics::Dispatch<R> {}
