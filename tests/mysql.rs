@@ -634,64 +634,24 @@ async fn wait_on_a_lock(store: &MySqlStore, connection: u64) {
     }
 }
 
-fn leased(key: &Key, token: Token, lease: Duration) -> ClaimRequest<'_> {
-    ClaimRequest {
-        lease,
-        ..request(key, token)
-    }
-}
-
-/// Transaction A claims the key and keeps its row locked for two of B's
-/// leases; store caller B waits on it and wins when A rolls back. B's lease
-/// starts then, not when its statement began: a third caller is busy, not a
-/// takeover. `existing`: the row was there before A (released), so A and then
-/// B update it; otherwise A inserted it and B's insert waited.
+/// The shared case (`idem_tests::sql`), on a one-connection store whose
+/// connection this dialect watches for a lock wait.
 async fn a_claim_that_waited_on_a_lock_starts_its_lease_when_it_wins(existing: bool) {
     let Some(store) = store().await else { return };
     let Some((waiter, connection)) = store_with_one_connection().await else {
         return;
     };
-    let lease = Duration::from_secs(1);
     let key = fresh_key("mysql-waited-lease");
-    if existing {
-        let token = Token::random();
-        store.claim(leased(&key, token, lease)).await.unwrap();
-        assert!(store.release(&key, token).await.unwrap());
-    }
-    let mut a = store.pool().begin().await.unwrap();
-    let claim = a
-        .tx_connection()
-        .claim(leased(&key, Token::random(), lease))
-        .await
-        .unwrap();
-    assert!(matches!(claim, Claim::Acquired { .. }), "{claim:?}");
-
-    let b = tokio::spawn(async move { waiter.claim(leased(&key, Token::random(), lease)).await });
-    wait_on_a_lock(&store, connection).await;
-    // Long enough that a lease counted from B's statement start has run out.
-    tokio::time::sleep(lease * 2).await;
-    assert!(!b.is_finished(), "B did not wait for A");
-    a.rollback().await.unwrap();
-    let won = b.await.unwrap().unwrap();
-    assert!(
-        matches!(
-            won,
-            Claim::Acquired {
-                takeover: false,
-                ..
-            }
-        ),
-        "{won:?}"
-    );
-
-    let third = store
-        .claim(leased(&key, Token::random(), lease))
-        .await
-        .unwrap();
-    assert!(
-        matches!(third, Claim::Busy { .. }),
-        "B's fresh lease was taken over at once: {third:?}"
-    );
+    let b_is_waiting = wait_on_a_lock(&store, connection);
+    idem_tests::sql::a_claim_that_waited_on_a_lock_starts_its_lease_when_it_wins(
+        &store,
+        store.pool(),
+        waiter,
+        b_is_waiting,
+        key,
+        existing,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -714,34 +674,25 @@ async fn a_renewal_that_waited_on_a_lock_counts_from_when_it_got_the_row() {
     let Some((owner, connection)) = store_with_one_connection().await else {
         return;
     };
-    let lease = Duration::from_secs(1);
-    let (key, token) = (fresh_key("mysql-waited-renewal"), Token::random());
-    assert!(matches!(
-        owner.claim(leased(&key, token, lease)).await.unwrap(),
-        Claim::Acquired { .. }
-    ));
-    let mut holder = store.pool().begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM idem_records WHERE `key` = ? FOR UPDATE")
-        .bind(&key.as_bytes()[..])
-        .execute(&mut *holder)
-        .await
-        .unwrap();
-    let renewal = tokio::spawn(async move { owner.renew(&key, token, lease).await });
-    wait_on_a_lock(&store, connection).await;
-    tokio::time::sleep(lease * 2).await;
-    holder.commit().await.unwrap();
-    assert!(
-        renewal.await.unwrap().unwrap(),
-        "the owner's renewal failed"
-    );
-    let newcomer = store
-        .claim(leased(&key, Token::random(), lease))
-        .await
-        .unwrap();
-    assert!(
-        matches!(newcomer, Claim::Busy { .. }),
-        "the renewed lease was already spent: {newcomer:?}"
-    );
+    let pool = store.pool().clone();
+    let lock_row = |key: Key| async move {
+        let mut holder = pool.begin().await.unwrap();
+        sqlx::query("SELECT 1 FROM idem_records WHERE `key` = ? FOR UPDATE")
+            .bind(key.as_bytes().to_vec())
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        holder
+    };
+    let owner_is_waiting = wait_on_a_lock(&store, connection);
+    idem_tests::sql::a_renewal_that_waited_on_a_lock_counts_from_when_it_got_the_row(
+        &store,
+        owner,
+        lock_row,
+        owner_is_waiting,
+        fresh_key("mysql-waited-renewal"),
+    )
+    .await;
 }
 
 /// A key completed on the pool, ready to replay.

@@ -168,3 +168,115 @@ where
     assert_eq!(e.backend(), backend, "{e}");
     assert!(e.to_string().contains(&addr.port().to_string()), "{e}");
 }
+
+fn leased(key: &Key, token: Token, lease: Duration) -> ClaimRequest<'_> {
+    ClaimRequest {
+        lease,
+        ttl: Duration::from_secs(120),
+        ..request(key, token, lease)
+    }
+}
+
+/// Transaction A claims `key` and keeps its row locked for two of B's leases;
+/// store caller B (`waiter`, one connection) waits on it and wins when A rolls
+/// back. B's lease starts then, not when its statement began: a third caller
+/// is busy, not a takeover. `existing`: the row was there before A (released),
+/// so A and then B update it; otherwise A inserted it and B's insert waited.
+/// `b_is_waiting` returns once B's connection waits on a lock.
+pub async fn a_claim_that_waited_on_a_lock_starts_its_lease_when_it_wins<DB, S, W>(
+    store: &S,
+    pool: &sqlx::Pool<DB>,
+    waiter: S,
+    b_is_waiting: W,
+    key: Key,
+    existing: bool,
+) where
+    DB: sqlx::Database,
+    DB::Connection: idem_runtime::store::tx::TxConnection,
+    S: Store + Clone,
+    W: Future<Output = ()>,
+{
+    use idem_runtime::store::tx::{AsTxConnection, TxConnection};
+
+    let lease = Duration::from_secs(1);
+    if existing {
+        let token = Token::random();
+        store.claim(leased(&key, token, lease)).await.unwrap();
+        assert!(store.release(&key, token).await.unwrap());
+    }
+    let mut a = pool.begin().await.unwrap();
+    let claim = a
+        .tx_connection()
+        .claim(leased(&key, Token::random(), lease))
+        .await
+        .unwrap();
+    assert!(matches!(claim, Claim::Acquired { .. }), "{claim:?}");
+
+    let b = tokio::spawn(async move { waiter.claim(leased(&key, Token::random(), lease)).await });
+    b_is_waiting.await;
+    // Long enough that a lease counted from B's statement start has run out.
+    tokio::time::sleep(lease * 2).await;
+    assert!(!b.is_finished(), "B did not wait for A");
+    a.rollback().await.unwrap();
+    let won = b.await.unwrap().unwrap();
+    assert!(
+        matches!(
+            won,
+            Claim::Acquired {
+                takeover: false,
+                ..
+            }
+        ),
+        "{won:?}"
+    );
+
+    let third = store
+        .claim(leased(&key, Token::random(), lease))
+        .await
+        .unwrap();
+    assert!(
+        matches!(third, Claim::Busy { .. }),
+        "B's fresh lease was taken over at once: {third:?}"
+    );
+}
+
+/// The owner's renewal waits on a row lock another transaction holds
+/// (`lock_row` takes it); the renewed lease counts from when it got the row.
+/// `owner_is_waiting` returns once the owner's connection waits on a lock.
+pub async fn a_renewal_that_waited_on_a_lock_counts_from_when_it_got_the_row<DB, S, L, LF, W>(
+    store: &S,
+    owner: S,
+    lock_row: L,
+    owner_is_waiting: W,
+    key: Key,
+) where
+    DB: sqlx::Database,
+    S: Store + Clone,
+    L: FnOnce(Key) -> LF,
+    LF: Future<Output = sqlx::Transaction<'static, DB>>,
+    W: Future<Output = ()>,
+{
+    let lease = Duration::from_secs(1);
+    let token = Token::random();
+    assert!(matches!(
+        owner.claim(leased(&key, token, lease)).await.unwrap(),
+        Claim::Acquired { .. }
+    ));
+    let holder = lock_row(key).await;
+    let renewal = tokio::spawn(async move { owner.renew(&key, token, lease).await });
+    owner_is_waiting.await;
+    tokio::time::sleep(lease * 2).await;
+    holder.commit().await.unwrap();
+    assert!(
+        renewal.await.unwrap().unwrap(),
+        "the owner's renewal failed"
+    );
+    let newcomer = store
+        .claim(leased(&key, Token::random(), lease))
+        .await
+        .unwrap();
+    assert!(
+        matches!(newcomer, Claim::Busy { .. }),
+        "the renewed lease was already spent: {newcomer:?}"
+    );
+}
