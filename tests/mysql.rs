@@ -714,90 +714,24 @@ async fn soon<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
         .unwrap_or_else(|_| panic!("{what} waited on a lock"))
 }
 
-/// Two transactions replay two DONE keys in opposite orders: neither waits on
-/// the other, neither is a deadlock victim, and both carry on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn replays_in_opposite_orders_inside_transactions_neither_wait_nor_deadlock() {
     let Some(store) = store().await else { return };
-    let a = done_key(&store, "mysql-replay-a", b"a").await;
-    let b = done_key(&store, "mysql-replay-b", b"b").await;
-    let mut tx1 = store.pool().begin().await.unwrap();
-    let mut tx2 = store.pool().begin().await.unwrap();
-    for (tx, key) in [(&mut tx1, &a), (&mut tx2, &b)] {
-        let claim = tx
-            .tx_connection()
-            .claim(request(key, Token::random()))
-            .await
-            .unwrap();
-        assert!(matches!(claim, Claim::Done(_)), "{claim:?}");
-    }
-    let one = tokio::spawn(async move {
-        let claim = tx1
-            .tx_connection()
-            .claim(request(&b, Token::random()))
-            .await;
-        (claim, tx1)
-    });
-    let two = tokio::spawn(async move {
-        let claim = tx2
-            .tx_connection()
-            .claim(request(&a, Token::random()))
-            .await;
-        (claim, tx2)
-    });
-    let (one, two) = soon("a replay", async {
-        (one.await.unwrap(), two.await.unwrap())
-    })
+    idem_tests::sql::replays_in_opposite_orders_inside_transactions_neither_wait_nor_deadlock(
+        &store,
+        store.pool(),
+    )
     .await;
-    for ((claim, mut tx), payload) in [(one, b"b"), (two, b"a")] {
-        match claim {
-            Ok(Claim::Done(stored)) => assert_eq!(stored.payload, payload),
-            other => panic!("expected a replay, got {other:?}"),
-        }
-        let one: i64 = sqlx::query_scalar("SELECT 1")
-            .fetch_one(&mut *tx)
-            .await
-            .expect("the transaction is still usable");
-        assert_eq!(one, 1);
-        tx.commit().await.unwrap();
-    }
 }
 
-/// A duplicate told Busy inside an open transaction leaves the row unlocked:
-/// the owner renews and completes at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_busy_duplicate_in_an_open_transaction_does_not_block_the_owner() {
     let Some(store) = store().await else { return };
-    let (key, owner) = (fresh_key("mysql-busy-dup"), Token::random());
-    assert!(matches!(
-        store.claim(request(&key, owner)).await.unwrap(),
-        Claim::Acquired { .. }
-    ));
-    let mut dup = store.pool().begin().await.unwrap();
-    let claim = dup
-        .tx_connection()
-        .claim(request(&key, Token::random()))
-        .await
-        .unwrap();
-    assert!(matches!(claim, Claim::Busy { .. }), "{claim:?}");
-
-    assert!(
-        soon(
-            "the owner's renewal",
-            store.renew(&key, owner, Duration::from_secs(30))
-        )
-        .await
-        .unwrap()
-    );
-    assert!(
-        soon(
-            "the owner's completion",
-            store.complete(&key, owner, success(b"owner"))
-        )
-        .await
-        .unwrap()
-    );
-    dup.commit().await.unwrap();
+    idem_tests::sql::a_busy_duplicate_in_an_open_transaction_does_not_block_the_owner(
+        &store,
+        store.pool(),
+    )
+    .await;
 }
 
 /// A replay inside an open transaction holds no lock on the row: another

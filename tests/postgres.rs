@@ -887,6 +887,28 @@ async fn a_renewal_that_waited_on_a_lock_counts_from_when_it_got_the_row() {
     .await;
 }
 
+/// Replays inside transactions take no row lock on PostgreSQL either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replays_in_opposite_orders_inside_transactions_neither_wait_nor_deadlock() {
+    let Some(store) = store().await else { return };
+    idem_tests::sql::replays_in_opposite_orders_inside_transactions_neither_wait_nor_deadlock(
+        &store,
+        store.pool(),
+    )
+    .await;
+}
+
+/// Nor does a Busy answer inside a transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_busy_duplicate_in_an_open_transaction_does_not_block_the_owner() {
+    let Some(store) = store().await else { return };
+    idem_tests::sql::a_busy_duplicate_in_an_open_transaction_does_not_block_the_owner(
+        &store,
+        store.pool(),
+    )
+    .await;
+}
+
 // ---------------------------------------------------------------------------
 // The shared SQL record layer: the same behaviour as every SQL store
 // ---------------------------------------------------------------------------
