@@ -629,6 +629,76 @@ async fn redis_section(
     let reference = client.get_connection_manager().await?;
     let store = RedisStore::connect(&redis_url).await?;
 
+    // One side alone, for a profiler to attach to (`perf record -p`): the
+    // tables above interleave both sides and cannot tell their costs apart.
+    if let Ok(side) = std::env::var("IDEM_BENCH_PROFILE") {
+        let c: usize = env("IDEM_BENCH_PROFILE_C", 64);
+        let svc = Arc::new(Svc {
+            redis: store.clone(),
+            io: None,
+        });
+        let cell = if side == "floor" {
+            // The store's two commands with nothing around them: what the
+            // protocol costs is the distance from here to `idem`.
+            let r = reference.clone();
+            let complete = Arc::new(redis::Script::new(include_str!(
+                "../idem-runtime/src/store/redis/complete.lua"
+            )));
+            measure(c, many, move |id| {
+                let (mut r, complete) = (r.clone(), complete.clone());
+                async move {
+                    let key = format!("bench-floor:{{{run}:{id}}}");
+                    let token = [7u8; 16];
+                    let mut rec = b"P1".to_vec();
+                    rec.extend_from_slice(&token);
+                    rec.extend_from_slice(b"-1:86400000:86370000");
+                    let found: Option<Vec<u8>> = redis::cmd("SET")
+                        .arg(&key)
+                        .arg(rec)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(86_400_000u64)
+                        .arg("GET")
+                        .query_async(&mut r)
+                        .await?;
+                    assert!(found.is_none());
+                    let order = body(None, id).await?;
+                    let json = serde_json::to_vec(&order).expect("order encodes");
+                    let done: i64 = complete
+                        .key(&key)
+                        .arg(&token[..])
+                        .arg(0)
+                        .arg(json)
+                        .arg(86_400_000u64)
+                        .invoke_async(&mut r)
+                        .await?;
+                    assert_eq!(done, 1);
+                    Ok(())
+                }
+            })
+            .await
+        } else if side == "reference" {
+            let r = reference.clone();
+            measure(c, many, move |id| {
+                let mut r = r.clone();
+                async move { reference_flow(&mut r, None, run, id).await.map(drop) }
+            })
+            .await
+        } else {
+            measure(c, many, move |id| {
+                let s = svc.clone();
+                async move { s.create(run, id).await.map(drop) }
+            })
+            .await
+        };
+        println!(
+            "{side} alone, c={c}: {:.0} calls/s, client {:.1} us/call",
+            cell.throughput(),
+            cell.per_call(cell.client_cpu)
+        );
+        return Ok(());
+    }
+
     for (b, io) in [("pure", None), ("incr", Some(io_conn.clone()))]
         .into_iter()
         .enumerate()

@@ -28,7 +28,46 @@ static OBSERVED: LazyLock<Mutex<HashMap<&'static str, Duration>>> = LazyLock::ne
 
 /// The calls running in this process and when they started: at most one
 /// entry per call in flight, removed when it ends (or is dropped).
-static RUNNING: LazyLock<Mutex<HashMap<Key, Instant>>> = LazyLock::new(Default::default);
+static RUNNING: [Mutex<HashMap<Key, Instant, DigestHasher>>; SHARDS] =
+    [const { Mutex::new(HashMap::with_hasher(DigestHasher(0))) }; SHARDS];
+
+/// Every call enters and leaves `RUNNING`: shards keep concurrent calls off
+/// one lock, picked by the key's first byte (keys are SHA-256 digests, so
+/// uniform).
+const SHARDS: usize = 16;
+
+fn running(key: &Key) -> std::sync::MutexGuard<'_, HashMap<Key, Instant, DigestHasher>> {
+    lock(&RUNNING[usize::from(key.as_bytes()[0]) % SHARDS])
+}
+
+/// Keys are already uniform digests: eight of their bytes are a hash, and
+/// SipHash over all 32 on every call would be work for nothing.
+#[derive(Clone, Copy, Default)]
+struct DigestHasher(u64);
+
+impl std::hash::BuildHasher for DigestHasher {
+    type Hasher = DigestHasher;
+    fn build_hasher(&self) -> DigestHasher {
+        DigestHasher(0)
+    }
+}
+
+impl std::hash::Hasher for DigestHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Bytes 8..16 of the digest: the shard took byte 0.
+        for chunk in bytes.chunks(8).skip(1).take(1) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 ^= u64::from_le_bytes(word);
+        }
+    }
+    fn write_usize(&mut self, _: usize) {
+        // The length prefix of a fixed-size digest says nothing.
+    }
+}
 
 /// A body running in this process, for duplicates arriving meanwhile.
 pub(super) struct Running {
@@ -40,7 +79,7 @@ pub(super) struct Running {
 impl Running {
     pub(super) fn start(spec: &Spec, key: Key) -> Running {
         let started = Instant::now();
-        lock(&RUNNING).insert(key, started);
+        running(&key).insert(key, started);
         Running {
             scope: spec.scope,
             key,
@@ -61,7 +100,7 @@ impl Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        lock(&RUNNING).remove(&self.key);
+        running(&self.key).remove(&self.key);
     }
 }
 
@@ -71,7 +110,7 @@ pub(super) fn retry_after(spec: &Spec, key: &Key, lease_remaining: Duration) -> 
         .get(spec.scope)
         .copied()
         .unwrap_or(FIRST_GUESS);
-    let left = match lock(&RUNNING).get(key) {
+    let left = match running(key).get(key).copied() {
         // Running here: what is left of a typical call; one that already ran
         // longer than usual is likely close to done.
         Some(started) => typical

@@ -36,10 +36,13 @@ impl RedisStore {
         // shorter than it: Redis deleting a live claim would let a newcomer
         // run the body beside it.
         let lives = lease.max(ttl);
-        let head = record::processing_head(req.token, req.fingerprint);
+        // One buffer holds the record; its head is what a reclaim needs.
+        let mut record = record::processing_head(req.token, req.fingerprint);
+        let head = record.len();
+        record::push_processing_tail(&mut record, ttl, lives, lease);
         let found: Option<Vec<u8>> = redis::cmd("SET")
             .arg(&key)
-            .arg(record::processing(&head, ttl, lives, lease))
+            .arg(&record)
             .arg("NX")
             .arg("PX")
             .arg(lives)
@@ -60,7 +63,7 @@ impl RedisStore {
                 takeover: false,
             }),
             Record::Processing { .. } | Record::Released => {
-                self.reclaim(&key, &head, lease, ttl).await
+                self.reclaim(&key, &record[..head], lease, ttl).await
             }
         }
     }

@@ -56,13 +56,13 @@ pub(super) fn processing_head(token: Token, fp: Option<Fingerprint>) -> Vec<u8> 
     v
 }
 
-/// A whole PROCESSING record as the claim writes it: the head, then fence 1,
-/// the claim's ttl, and how long the key outlives the lease.
-pub(super) fn processing(head: &[u8], ttl_ms: u64, lives_ms: u64, lease_ms: u64) -> Vec<u8> {
-    let mut v = head.to_vec();
+/// Completes a PROCESSING head (as [`processing_head`] sized it) into the
+/// whole record the claim writes: fence 1, the claim's ttl, and how long the
+/// key outlives the lease.
+pub(super) fn push_processing_tail(head: &mut Vec<u8>, ttl_ms: u64, lives_ms: u64, lease_ms: u64) {
     let margin = lives_ms - lease_ms;
-    v.extend_from_slice(format!("1:{ttl_ms}:{margin}").as_bytes());
-    v
+    std::io::Write::write_fmt(head, format_args!("1:{ttl_ms}:{margin}"))
+        .expect("writing to a Vec cannot fail");
 }
 
 /// A value at a record's key that is not one of ours, or not whole.
@@ -172,7 +172,8 @@ mod tests {
         let t = Token([9; 16]);
         let fp = Fingerprint::from_bytes([7; 32]);
         for fp in [None, Some(fp)] {
-            let v = processing(&processing_head(t, fp), 600_000, 600_000, 30_000);
+            let mut v = processing_head(t, fp);
+            push_processing_tail(&mut v, 600_000, 600_000, 30_000);
             assert_eq!(
                 decode(&v).unwrap(),
                 Record::Processing { token: t, fence: 1 }
