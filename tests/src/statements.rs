@@ -9,50 +9,83 @@
 //! (`pg_stat_statements` is not loaded on the test servers, and it counts
 //! every session's statements at once).
 //!
-//! The recorder is the calling thread's default subscriber only: tests in the
-//! same binary run on other threads, and their statements are not seen. So
-//! the code under count must run on this thread, i.e. in a `current_thread`
-//! runtime (plain `#[tokio::test]`) and not in a spawned task of a
-//! multi-threaded one.
+//! The recorder is installed once as the binary's global subscriber and keeps
+//! only what the threads currently recording send: tests in the same binary
+//! run on other threads, and their statements are not seen. So the code under
+//! count must run on the recording thread, i.e. in a `current_thread` runtime
+//! (plain `#[tokio::test]`) and not in a spawned task of a multi-threaded one.
+//! (A thread-local default subscriber would not do: tracing caches whether a
+//! call site is enabled at all when it is first hit, and a first hit on
+//! another test's thread, which has no subscriber, would disable sqlx's event
+//! for everyone.)
 
-use std::sync::{Arc, Mutex};
+use std::cell::RefCell;
+use std::marker::PhantomData;
+use std::sync::Once;
 
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
-use tracing::subscriber::DefaultGuard;
+use tracing::subscriber::Interest;
 use tracing::{Event, Metadata, Subscriber};
 
 const TARGET: &str = "sqlx::query";
 
+thread_local! {
+    static SEEN: RefCell<Option<Vec<String>>> = const { RefCell::new(None) };
+}
+
 /// The statements sent on this thread while it is alive.
 pub struct Statements {
-    seen: Arc<Mutex<Vec<String>>>,
-    _guard: DefaultGuard,
+    // Recording is the creating thread's.
+    _not_send: PhantomData<*const ()>,
 }
 
 impl Statements {
     /// Starts recording on the calling thread.
+    ///
+    /// # Panics
+    ///
+    /// If another global subscriber is installed in this test binary.
     pub fn record() -> Statements {
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let guard = tracing::subscriber::set_default(Recorder(seen.clone()));
+        static INSTALL: Once = Once::new();
+        INSTALL.call_once(|| {
+            tracing::subscriber::set_global_default(Recorder)
+                .expect("no other global tracing subscriber in a binary that counts statements");
+        });
+        SEEN.with(|seen| *seen.borrow_mut() = Some(Vec::new()));
         Statements {
-            seen,
-            _guard: guard,
+            _not_send: PhantomData,
         }
     }
 
     /// The statements sent since the last call (or since recording began),
     /// each as its SQL text.
     pub fn take(&self) -> Vec<String> {
-        std::mem::take(&mut *self.seen.lock().unwrap())
+        SEEN.with(|seen| seen.borrow_mut().as_mut().map(std::mem::take))
+            .unwrap_or_default()
     }
 }
 
-struct Recorder(Arc<Mutex<Vec<String>>>);
+impl Drop for Statements {
+    fn drop(&mut self) {
+        SEEN.with(|seen| seen.borrow_mut().take());
+    }
+}
+
+struct Recorder;
 
 impl Subscriber for Recorder {
+    fn register_callsite(&self, metadata: &'static Metadata<'static>) -> Interest {
+        // Asked again at every event: whether its thread records changes.
+        if metadata.target() == TARGET {
+            Interest::sometimes()
+        } else {
+            Interest::never()
+        }
+    }
+
     fn enabled(&self, metadata: &Metadata<'_>) -> bool {
-        metadata.target() == TARGET
+        metadata.target() == TARGET && SEEN.with(|seen| seen.borrow().is_some())
     }
 
     fn new_span(&self, _: &Attributes<'_>) -> Id {
@@ -65,7 +98,7 @@ impl Subscriber for Recorder {
     fn record_follows_from(&self, _: &Id, _: &Id) {}
 
     fn event(&self, event: &Event<'_>) {
-        if event.metadata().target() != TARGET {
+        if !self.enabled(event.metadata()) {
             return;
         }
         let mut sql = Sql::default();
@@ -77,14 +110,17 @@ impl Subscriber for Recorder {
         } else {
             sql.statement
         };
-        self.0.lock().unwrap().push(text.trim().to_owned());
+        SEEN.with(|seen| {
+            if let Some(seen) = seen.borrow_mut().as_mut() {
+                seen.push(text.trim().to_owned());
+            }
+        });
     }
 
     fn enter(&self, _: &Id) {}
 
     fn exit(&self, _: &Id) {}
 }
-
 #[derive(Default)]
 struct Sql {
     summary: String,
