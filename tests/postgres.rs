@@ -600,6 +600,53 @@ async fn a_replay_inside_a_transaction_takes_no_row_lock() {
     replaying.commit().await.unwrap();
 }
 
+/// On the pool, a claim, a Busy answer, a completion and a replay are one
+/// statement each, counted from sqlx's per-statement events (see
+/// `idem_tests::statements`); so is a replay inside a caller's transaction.
+#[tokio::test]
+async fn a_claim_a_busy_answer_a_completion_and_a_replay_are_one_statement_each() {
+    let Some(store) = store().await else { return };
+    let (key, token) = (fresh_key("statements"), Token::random());
+    let seen = idem_tests::statements::Statements::record();
+    let one = |what: &str| {
+        let sent = seen.take();
+        assert_eq!(sent.len(), 1, "{what}: {sent:#?}");
+    };
+    let claim = store.claim(request(&key, token, TX_LEASE)).await.unwrap();
+    assert!(matches!(claim, Claim::Acquired { .. }), "{claim:?}");
+    one("a first claim");
+    let busy = store
+        .claim(request(&key, Token::random(), TX_LEASE))
+        .await
+        .unwrap();
+    assert!(matches!(busy, Claim::Busy { .. }), "{busy:?}");
+    one("a Busy answer");
+    assert!(
+        store
+            .complete(&key, token, success(b"order-3", Duration::from_secs(60)))
+            .await
+            .unwrap()
+    );
+    one("a completion");
+    let replay = store
+        .claim(request(&key, Token::random(), TX_LEASE))
+        .await
+        .unwrap();
+    assert!(matches!(replay, Claim::Done(_)), "{replay:?}");
+    one("a replay on the pool");
+
+    let mut tx = store.pool().begin().await.unwrap();
+    seen.take();
+    let replay = tx
+        .tx_connection()
+        .claim(request(&key, Token::random(), TX_LEASE))
+        .await
+        .unwrap();
+    assert!(matches!(replay, Claim::Done(_)), "{replay:?}");
+    one("a replay in a transaction");
+    tx.commit().await.unwrap();
+}
+
 #[tokio::test]
 async fn in_a_transaction_a_release_and_a_busy_claim_leave_it_usable() {
     let Some(store) = store().await else { return };

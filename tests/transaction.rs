@@ -362,6 +362,7 @@ mod postgres {
     use super::*;
     use idem_runtime::store::sql::PgStore;
     use idem_tests::services;
+    use idem_tests::statements::Statements;
     use sqlx::Postgres;
 
     #[idempotent(key = "order_no", tx = tx, scope = "tx-tests.pg.create")]
@@ -469,6 +470,37 @@ mod postgres {
         assert_eq!(one, 1);
         assert_eq!(orders(&store, &no).await, 1);
         // A second run of the body would have failed on the UNIQUE order_no.
+    }
+
+    /// What `tx = tx` adds to the caller's transaction, counted from sqlx's
+    /// per-statement events (see `idem_tests::statements` for why that count
+    /// is exact): a first call is the claim, the body's insert and the
+    /// completion; a replay is the claim alone.
+    #[tokio::test]
+    async fn a_first_call_adds_two_statements_and_a_replay_one() {
+        let Some(store) = pg().await else { return };
+        let no = order_no("statements");
+        let body = |sql: &String| sql.contains("tx_test_orders");
+
+        let mut tx = store.pool().begin().await.unwrap();
+        let seen = Statements::record();
+        let id = create_order(&mut tx, no.clone()).await.unwrap();
+        let first = seen.take();
+        tx.commit().await.unwrap();
+        assert_eq!(
+            first.iter().map(body).collect::<Vec<_>>(),
+            [false, true, false],
+            "a first call: claim, body, completion: {first:#?}"
+        );
+
+        let mut tx = store.pool().begin().await.unwrap();
+        seen.take();
+        assert_eq!(create_order(&mut tx, no.clone()).await.unwrap(), id);
+        let replay = seen.take();
+        tx.commit().await.unwrap();
+        assert_eq!(replay.len(), 1, "a replay: the claim alone: {replay:#?}");
+        assert!(!body(&replay[0]), "{replay:#?}");
+        assert_eq!(orders(&store, &no).await, 1);
     }
 
     #[idempotent(key = "order_no", tx = conn, scope = "tx-tests.pg.autocommit")]

@@ -4,3 +4,4 @@
 pub mod conformance;
 pub mod services;
 pub mod sql;
+pub mod statements;

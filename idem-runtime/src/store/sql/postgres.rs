@@ -36,31 +36,76 @@ macro_rules! with_clock {
     };
 }
 
-// The row may be taken when it is expired, released, or PROCESSING past its
-// lease; a claim retried under the same token gets its own row back. SET
-// expressions read the old row, so their order is free. A row the WHERE
-// refuses is left unchanged and RETURNING yields nothing: the loser then reads
-// it. Nothing here raises a unique violation, so a duplicate never aborts the
-// caller's transaction.
+// The claim's one statement in the common cases: it inserts a fresh record
+// (the caller wins), or it answers with the record that is there (a replay, or
+// Busy), in one round trip. ON CONFLICT DO NOTHING takes no lock on the
+// conflicting row and raises no unique violation, so a duplicate never aborts
+// the caller's transaction, and replays of a hot key inside transactions do
+// not queue behind each other. The INSERT is only attempted when a plain read
+// does not already show a live record that may not be taken (DONE, or
+// PROCESSING under someone else's lease), exactly when TAKE below would try
+// it: what a claim waits on and when REPEATABLE READ fails it are the same in
+// both statements.
+//
+// The second arm reads the row only when nothing was inserted, with the
+// statement's snapshot (data-modifying CTEs and the main query share one):
+// a record that may be taken (expired, released, PROCESSING past its lease,
+// or the claimant's own) goes on to TAKE. A row another transaction committed
+// after the snapshot (the INSERT waited on its uncommitted insert) is not
+// visible here: no row comes back, and the claim loop reads it afresh.
+//
+// An INSERT that waited on another transaction's uncommitted insert of the
+// same key (which then rolled back) computed its values before the wait.
+// RETURNING reads the clock after it, and the claim loop restarts a lease
+// whose start lies too far before that (`Won::began_long_ago`).
+const CLAIM: &str = concat!(
+    with_clock!(),
+    ", ins AS (
+    INSERT INTO idem_records
+        (key, state, token, fence, lease_until, expires_at, fingerprint, taken_over)
+    SELECT $1, 1, $2, 1, clock.now + $3, clock.now + $4, $5, FALSE FROM clock
+    WHERE NOT EXISTS (
+        SELECT 1 FROM idem_records AS live
+        WHERE live.key = $1
+          AND live.expires_at > clock.now
+          AND (live.state = 2
+               OR (live.state = 1 AND live.lease_until > clock.now AND live.token <> $2)))
+    ON CONFLICT (key) DO NOTHING
+    RETURNING fence, taken_over, lease_until, ",
+    server_now!(),
+    " AS now)
+SELECT TRUE AS won, NULL::int8 AS state, NULL::bytea AS token, fence, taken_over, lease_until,
+       NULL::int8 AS expires_at, NULL::bytea AS fingerprint, NULL::int8 AS outcome,
+       NULL::bytea AS result, now
+FROM ins
+UNION ALL
+SELECT FALSE, state::int8, token, fence, taken_over, lease_until, expires_at, fingerprint,
+       outcome::int8, result, clock.now
+FROM idem_records CROSS JOIN clock
+WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM ins)"
+);
+
+// Takes a record CLAIM found that may be taken: expired, released, or
+// PROCESSING past its lease; a claim retried under the same token gets its
+// own row back. SET expressions read the old row, so their order is free. A
+// row the WHERE refuses is left unchanged and RETURNING yields nothing: the
+// claim loop then reads it. Nothing here raises a unique violation, so a
+// duplicate never aborts the caller's transaction.
 //
 // A claim may wait on the row's lock (another transaction claimed or holds it)
 // and win only when that transaction ends, seconds after `clock` was read. Its
 // lease must start when it wins, or it would begin already spent and a third
 // caller could take the key over at once. DO UPDATE locks the row before it
 // evaluates its SET list, so the lease and expiry there read the clock afresh.
-// An INSERT that waited on another transaction's uncommitted insert of the
-// same key (which then rolled back) has no such hook: its values were computed
-// before the wait. RETURNING tells the two apart (the lease's start against
-// `now`, both after the wait) and the claim loop restarts a lease that began
-// too early.
+// An INSERT that waited on an uncommitted insert that rolled back is caught
+// as in CLAIM.
 //
 // ON CONFLICT DO UPDATE locks its target row even when the WHERE refuses it,
-// and inside a caller's transaction that lock would last until commit: every
-// replay of a hot key would queue behind the others. So the INSERT is only
-// attempted when a plain read does not already show a live record that may not
-// be taken (DONE, or PROCESSING under someone else's lease). A replay then
-// costs a lock-free read; only a genuine race reaches the conflict path.
-const CLAIM: &str = concat!(
+// and inside a caller's transaction that lock would last until commit. So the
+// INSERT is attempted only when a fresh read does not show a live record that
+// may not be taken (someone else took it since CLAIM read it): only a genuine
+// race between the two statements reaches a refused conflict.
+const TAKE: &str = concat!(
     with_clock!(),
     "INSERT INTO idem_records AS r
     (key, state, token, fence, lease_until, expires_at, fingerprint, taken_over)
@@ -105,10 +150,12 @@ const READ: &str = concat!(
 FROM idem_records WHERE key = $1"
 );
 
+// The one row it updates reads the clock once, in its SET list (no clock CTE
+// to join).
 const COMPLETE: &str = concat!(
-    with_clock!(),
-    "UPDATE idem_records SET state = 2, outcome = $1, result = $2, expires_at = clock.now + $3
-FROM clock
+    "UPDATE idem_records SET state = 2, outcome = $1, result = $2, expires_at = ",
+    server_now!(),
+    " + $3
 WHERE key = $4 AND state = 1 AND token = $5"
 );
 
@@ -164,8 +211,10 @@ const PURGE: &str = concat!(
 /// the database, durable, and on one clock (the server's) however many
 /// application servers compare leases.
 ///
-/// The claim is one `INSERT … ON CONFLICT (key) DO UPDATE … WHERE … RETURNING`
-/// statement; only a caller that loses it reads the row a second time. The
+/// A claim is one statement, which inserts a fresh record or answers with the
+/// one that is there (a replay, Busy) without locking it; only a record that
+/// may be taken over (expired, released, a lease run out) costs a second,
+/// `INSERT … ON CONFLICT (key) DO UPDATE … WHERE … RETURNING`. The
 /// schema is created by embedded migrations recorded in
 /// `idem_schema_migrations`, run when the store opens (see
 /// [`PgStoreBuilder::skip_migrations`]). A statement that loses a deadlock or a
@@ -410,9 +459,10 @@ tx_connection! {
     /// serialization failure instead.
     ///
     /// A claim that finds the record held (DONE, or another owner's live lease)
-    /// reads it without locking it (see `CLAIM`), so replays of a hot key do not
-    /// queue behind each other's transactions; only a claim that takes the row
-    /// holds its lock until the caller's transaction ends.
+    /// answers from it in the claim's one statement, without locking it (see
+    /// `CLAIM`), so a replay adds one statement to the transaction and replays
+    /// of a hot key do not queue behind each other's transactions; only a claim
+    /// that takes the row holds its lock until the caller's transaction ends.
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -443,10 +493,33 @@ fn key(key: &Key) -> &[u8] {
     &key.as_bytes()[..]
 }
 
+/// CLAIM or TAKE, which take the same parameters.
+fn claim_query<'q>(
+    sql: &'q str,
+    req: &'q ClaimRequest<'_>,
+) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+    sqlx::query(sql)
+        .bind(key(req.key))
+        .bind(&req.token.0[..])
+        .bind(millis(req.lease))
+        .bind(millis(req.ttl))
+        .bind(req.fingerprint.as_ref().map(|f| &f.as_bytes()[..]))
+}
+
+fn won(row: &sqlx::postgres::PgRow) -> Result<Won, sqlx::Error> {
+    Ok(Won {
+        fence: row.try_get("fence")?,
+        takeover: row.try_get("taken_over")?,
+        lease_until: row.try_get("lease_until")?,
+        now: row.try_get("now")?,
+    })
+}
+
 impl Dialect for Postgres {
     const BACKEND: &'static str = "postgres";
 
-    /// No: CLAIM reads first itself (its `NOT EXISTS`), in the same round trip.
+    /// No: CLAIM reads first itself (its `NOT EXISTS`, and the record it
+    /// answers with), in the same round trip.
     const READ_FIRST: bool = false;
 
     async fn read(
@@ -464,23 +537,20 @@ impl Dialect for Postgres {
         _: &dyn Clock,
         req: ClaimRequest<'_>,
     ) -> Result<Upserted, sqlx::Error> {
-        let won = sqlx::query(CLAIM)
-            .bind(key(req.key))
-            .bind(&req.token.0[..])
-            .bind(millis(req.lease))
-            .bind(millis(req.ttl))
-            .bind(req.fingerprint.as_ref().map(|f| &f.as_bytes()[..]))
-            .fetch_optional(conn)
-            .await?;
-        let Some(row) = won else {
+        let Some(row) = claim_query(CLAIM, &req).fetch_optional(&mut *conn).await? else {
             return Ok(Upserted::Lost(None));
         };
-        Ok(Upserted::Won(Won {
-            fence: row.try_get("fence")?,
-            takeover: row.try_get("taken_over")?,
-            lease_until: row.try_get("lease_until")?,
-            now: row.try_get("now")?,
-        }))
+        if row.try_get("won")? {
+            return won(&row).map(Upserted::Won);
+        }
+        let record = Record::decode(&row, row.try_get("now")?)?;
+        if record.holds_off(req.token) {
+            return Ok(Upserted::Lost(Some(record)));
+        }
+        match claim_query(TAKE, &req).fetch_optional(conn).await? {
+            Some(row) => won(&row).map(Upserted::Won),
+            None => Ok(Upserted::Lost(None)),
+        }
     }
 
     async fn complete(

@@ -101,27 +101,35 @@ impl Record {
         self.state != RELEASED && self.expires_at > self.now
     }
 
+    /// Whether the record stops `token`'s claim: live and DONE (a replay), or
+    /// PROCESSING under another owner's live lease (Busy). Otherwise it may be
+    /// taken: expired, released, a lease run out, or the claimant's own.
+    pub(crate) fn holds_off(&self, token: Token) -> bool {
+        self.live()
+            && (self.state == DONE
+                || (self.state == PROCESSING
+                    && self.lease_until > self.now
+                    && self.token != token.0))
+    }
+
     /// What the record tells a claimant that has not taken it: a replay
     /// (DONE), or Busy (another owner's live lease). `None`: the record may be
     /// taken (absent for all purposes, expired, released, a lease run out, or
     /// the claimant's own), so the claim goes on to the dialect's upsert.
     pub(crate) fn judge(self, token: Token) -> Result<Option<Claim>, sqlx::Error> {
-        if !self.live() {
+        if !self.holds_off(token) {
             return Ok(None);
         }
-        match self.state {
-            DONE => self
+        if self.state == DONE {
+            return self
                 .stored()
                 .map(|stored| Some(Claim::Done(stored)))
-                .ok_or_else(|| corrupt("a DONE record without an outcome")),
-            PROCESSING if self.lease_until > self.now && self.token != token.0 => {
-                Ok(Some(Claim::Busy {
-                    lease_remaining: remaining(self.lease_until, self.now),
-                    fingerprint: self.fingerprint,
-                }))
-            }
-            _ => Ok(None),
+                .ok_or_else(|| corrupt("a DONE record without an outcome"));
         }
+        Ok(Some(Claim::Busy {
+            lease_remaining: remaining(self.lease_until, self.now),
+            fingerprint: self.fingerprint,
+        }))
     }
 
     /// The claim `token` holds on this record, read back right after its
