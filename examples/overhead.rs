@@ -968,12 +968,12 @@ async fn mysql_section(
             ("(a) bare transaction", "3", bare),
             // BEGIN, INSERT IGNORE dedup, INSERT order, COMMIT
             ("(r) reference, same tx", "4", reference_tx),
-            // BEGIN, read, claim upsert, locking read, INSERT order, complete UPDATE, COMMIT
-            ("(b) tx = tx", "7", idem_tx),
+            // BEGIN, read, claim upsert, INSERT order, complete UPDATE, COMMIT
+            ("(b) tx = tx", "6", idem_tx),
             // INSERT IGNORE dedup, INSERT order, UPDATE dedup (each autocommit)
             ("(s) reference, separate table", "3", reference_sep),
-            // read, claim upsert, locking read, INSERT order, complete UPDATE
-            ("(p) #[idempotent] + MySqlStore", "5", idem_store),
+            // read, claim upsert, INSERT order, complete UPDATE (each autocommit)
+            ("(p) #[idempotent] + MySqlStore", "4", idem_store),
         ],
     )
     .await;
