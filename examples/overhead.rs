@@ -9,7 +9,9 @@
 //! IDEM_BENCH_REDIS_URL=redis://127.0.0.1:7399 cargo run --release --example overhead
 //! # knobs: IDEM_BENCH_CALLS (100000) IDEM_BENCH_CALLS_C1 (calls at c=1, default IDEM_BENCH_CALLS)
 //! #        IDEM_BENCH_ROUNDS (5)
-//! #        IDEM_BENCH_SQL_CALLS (10000) IDEM_BENCH_SQL_ROUNDS (3) IDEM_BENCH_ONLY=redis|sql
+//! #        IDEM_BENCH_SQL_CALLS (10000) IDEM_BENCH_SQL_ROUNDS (3)
+//! #        IDEM_BENCH_ONLY=redis|sql|pg|mysql (sql: both SQL sections)
+//! #        IDEM_BENCH_MYSQL_DB (idem_bench; the scratch database, dropped before and after)
 //! ```
 //!
 //! Every measurement is a fixed number of calls made by closed-loop callers at
@@ -567,11 +569,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .unwrap_or_default()
             .trim()
     );
-    if only != "sql" {
+    if matches!(only.as_str(), "" | "redis") {
         redis_section(run, calls, rounds).await?;
     }
-    if only != "redis" {
+    if matches!(only.as_str(), "" | "sql" | "pg") {
         pg_section(run, sql_calls, sql_rounds).await?;
+    }
+    if matches!(only.as_str(), "" | "sql" | "mysql") {
         mysql_section(run, sql_calls, sql_rounds).await?;
     }
     println!(
@@ -968,15 +972,20 @@ async fn mysql_section(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("IDEM_MYSQL_URL")
         .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
-    // A database of its own, dropped afterwards.
+    // A database of its own, dropped afterwards. Two runs at once on one
+    // server need a name each (IDEM_BENCH_MYSQL_DB): each drops its own first.
+    let db: String = env("IDEM_BENCH_MYSQL_DB", "idem_bench".to_owned());
+    if db.is_empty() || !db.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(format!("IDEM_BENCH_MYSQL_DB={db:?}: letters, digits and '_' only").into());
+    }
     let admin = MySqlPool::connect(&url).await?;
-    sqlx::query("DROP DATABASE IF EXISTS idem_bench")
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {db}"))
         .execute(&admin)
         .await?;
-    sqlx::query("CREATE DATABASE idem_bench")
+    sqlx::query(&format!("CREATE DATABASE {db}"))
         .execute(&admin)
         .await?;
-    let options = MySqlConnectOptions::from_str(&url)?.database("idem_bench");
+    let options = MySqlConnectOptions::from_str(&url)?.database(&db);
     let pool = MySqlPoolOptions::new()
         .max_connections(16)
         .connect_with(options)
@@ -1038,17 +1047,17 @@ async fn mysql_section(
             ("(a) bare transaction", "3", bare),
             // BEGIN, INSERT IGNORE dedup, INSERT order, COMMIT
             ("(r) reference, same tx", "4", reference_tx),
-            // BEGIN, read, claim upsert, locking read, INSERT order, complete UPDATE, COMMIT
-            ("(b) tx = tx", "7", idem_tx),
+            // BEGIN, read, claim upsert, INSERT order, complete UPDATE, COMMIT
+            ("(b) tx = tx", "6", idem_tx),
             // INSERT IGNORE dedup, INSERT order, UPDATE dedup (each autocommit)
             ("(s) reference, separate table", "3", reference_sep),
-            // read, claim upsert, locking read, INSERT order, complete UPDATE
-            ("(p) #[idempotent] + MySqlStore", "5", idem_store),
+            // read, claim upsert, INSERT order, complete UPDATE (each autocommit)
+            ("(p) #[idempotent] + MySqlStore", "4", idem_store),
         ],
     )
     .await;
     pool.close().await;
-    sqlx::query("DROP DATABASE IF EXISTS idem_bench")
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {db}"))
         .execute(&admin)
         .await?;
     Ok(())

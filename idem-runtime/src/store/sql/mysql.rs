@@ -4,20 +4,21 @@
 //!
 //! A plain read answers a replay or a Busy claim without locking anything; only
 //! a record that may be taken goes on to one `INSERT … ON DUPLICATE KEY UPDATE`
-//! whose assignments decide, on the old row, whether the caller may take it,
-//! and a locking read then tells the caller what it got. There is no `INSERT
+//! whose assignments decide, on the old row, whether the caller may take it.
+//! The statement's insert id then tells the caller what it got: none for a row
+//! it inserted, a marker its update branch left otherwise. There is no `INSERT
 //! IGNORE` (it turns truncation and NULL errors into warnings) and no caught
 //! duplicate-key error anywhere.
 
 use std::str::FromStr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlPool};
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection as _, Executor as _, MySql, Row as _};
 
 use super::dialect::Dialect;
-use super::record::{Record, Upserted, millis};
+use super::record::{Record, Upserted, Won, lost_too_much, millis};
 use super::schema_migrations;
 use super::store::{Core, Settings, connect_pool, server_location, sql_store, tx_connection};
 use crate::clock::{Clock, SystemClock};
@@ -112,7 +113,7 @@ macro_rules! won {
 //    under `won!`, which reads `state` and `expires_at`: both still old;
 // 4. `expires_at` last: after step 3, `won!` still holds for a winner (its
 //    state is now 1) and still fails for everyone else (their state is as it
-//    was).
+//    was). Its test also leaves the statement's insert id (below).
 //
 // The `claimable!` tests use the statement's start time: a lease that ran out
 // while this statement waited on the row's lock looks live, and the claim
@@ -120,10 +121,17 @@ macro_rules! won {
 // expiry a winner writes count from when it got the row (`waited_ms!`), not
 // from when it began to wait. An INSERT that waited on another transaction's
 // uncommitted insert of the key (rolled back since) has no such hook: its
-// VALUES were computed before the wait, and `claim_on` restarts that lease.
+// VALUES were computed before the wait, and `upsert` restarts that lease.
 //
-// The winner is then told apart by the locking read: PROCESSING under our
-// token.
+// What the caller got comes back in the OK packet, with no read: the insert id
+// is 0 when the statement inserted the row (nothing in it calls
+// `LAST_INSERT_ID`, and the table has no AUTO_INCREMENT column), and otherwise
+// the value the update branch gave `LAST_INSERT_ID(…)`: `fence * 2 +
+// taken_over` for a winner (never below 2: fences start at 1), LOST for anyone
+// else. The server sets that id per statement: one left on the connection by
+// an earlier statement does not reach this statement's OK packet.
+// (`rows_affected` cannot tell: sqlx connects with CLIENT_FOUND_ROWS, so a
+// no-op update counts one row, as an insert does.)
 const CLAIM: &str = concat!(
     "INSERT INTO idem_records
     (`key`, state, token, fence, lease_until, expires_at, fingerprint, taken_over, outcome, result)
@@ -161,18 +169,24 @@ ON DUPLICATE KEY UPDATE
     state       = IF(",
     won!(),
     ", 1, state),
-    expires_at  = IF(",
+    expires_at  = IF(LAST_INSERT_ID(IF(",
     won!(),
-    ", VALUES(expires_at) + ",
+    ", fence * 2 + taken_over, 1)) > 1, VALUES(expires_at) + ",
     waited_ms!(),
     ", expires_at)"
 );
 
+/// The claim's insert id when it inserted the row: its update branch, which
+/// alone calls `LAST_INSERT_ID`, never ran.
+const INSERTED: u64 = 0;
+/// The claim's insert id when its update branch left the row to its holder
+/// (`1` in CLAIM).
+const LOST: u64 = 1;
+
 macro_rules! select_record {
     () => {
         concat!(
-            "SELECT state, token, fence, taken_over, lease_until, expires_at, fingerprint,
-                    outcome, result, ",
+            "SELECT state, token, fence, lease_until, expires_at, fingerprint, outcome, result, ",
             clock_ms!(),
             " AS now
              FROM idem_records WHERE `key` = ?"
@@ -187,11 +201,11 @@ const COMPLETED_BY: &str = "SELECT 1 FROM idem_records WHERE `key` = ? AND state
 
 const READ: &str = select_record!();
 
-/// After the claim's upsert: a locking read returns the latest committed row,
-/// not the snapshot a REPEATABLE READ transaction may already hold (which
-/// could predate a duplicate's commit). Inside a transaction the upsert already
-/// holds the row's exclusive lock, so this waits for nothing; on the pool it
-/// is a shared lock held for one statement.
+/// After a claim that did not take the record: a locking read returns the
+/// latest committed row, not the snapshot a REPEATABLE READ transaction may
+/// already hold (which could predate a duplicate's commit). Inside a
+/// transaction the upsert already holds the row's exclusive lock, so this
+/// waits for nothing; on the pool it is a shared lock held for one statement.
 const READ_LOCKED: &str = concat!(select_record!(), " LOCK IN SHARE MODE");
 
 const COMPLETE: &str = concat!(
@@ -487,6 +501,13 @@ tx_connection! {
     /// duplicate waits on it, then replays what this transaction committed or
     /// claims the key if it rolled back.
     ///
+    /// A claim that finds the key's row already there (a takeover, a claim
+    /// after a release, or one that loses) leaves a marker of its own in the
+    /// connection's `LAST_INSERT_ID()`, as [`InsertOnce`](crate::unique::InsertOnce)
+    /// does on MySQL: take your `AUTO_INCREMENT` ids from your statement's
+    /// result (`last_insert_id()`), not from `LAST_INSERT_ID()` read across an
+    /// idempotent call.
+    ///
     /// Nothing is retried here: a deadlock has already rolled the caller's
     /// transaction back, so the error goes to the caller, and
     /// [`MySqlStore::is_retryable`] says whether to run the transaction again.
@@ -561,12 +582,17 @@ impl Dialect for MySql {
         read_with(conn, READ, k).await
     }
 
+    /// One statement when it inserts the row or takes an existing one; a
+    /// claim that lost reads the holder with a locking read. The update
+    /// branch counts its lease from when it had the row; an insert, from when
+    /// its statement began.
     async fn upsert(
         conn: &mut MySqlConnection,
-        _: &dyn Clock,
+        clock: &dyn Clock,
         req: ClaimRequest<'_>,
     ) -> Result<Upserted, sqlx::Error> {
-        sqlx::query(CLAIM)
+        let sent = Instant::now();
+        let done = sqlx::query(CLAIM)
             .bind(key(req.key))
             .bind(&req.token.0[..])
             .bind(millis(req.lease))
@@ -574,11 +600,40 @@ impl Dialect for MySql {
             .bind(req.fingerprint.as_ref().map(|f| &f.as_bytes()[..]))
             .execute(&mut *conn)
             .await?;
-        let record = read_with(conn, READ_LOCKED, req.key).await?;
-        Ok(match record.as_ref().and_then(|r| r.won_by(req.token)) {
-            Some(won) => Upserted::Won(won),
-            None => Upserted::Lost(record),
-        })
+        match done.last_insert_id() {
+            INSERTED => {
+                // The insert's VALUES were computed when the statement began.
+                // The server waited at most as long as the client did, so a
+                // statement back within the tenth of the lease that
+                // `Won::began_long_ago` forgives lost no more of it than that.
+                // One that took longer may have waited on another
+                // transaction's uncommitted insert of the key (rolled back
+                // since): its lease starts again. A renewal that fails (on the
+                // pool, another caller took the lease that had run out; or the
+                // ttl ran out too) leaves the claim loop to read who holds the
+                // record.
+                let waited = i64::try_from(sent.elapsed().as_millis()).unwrap_or(i64::MAX);
+                if lost_too_much(waited, req.lease)
+                    && !Self::renew(conn, clock, req.key, req.token, req.lease).await?
+                {
+                    return Ok(Upserted::Lost(None));
+                }
+                Ok(Upserted::Won(Won::with_a_current_lease(
+                    1, false, req.lease,
+                )))
+            }
+            LOST => Ok(Upserted::Lost(read_with(conn, READ_LOCKED, req.key).await?)),
+            won => {
+                let fence = i64::try_from(won / 2).map_err(|_| {
+                    sqlx::Error::Protocol(format!("claim marker {won} out of range"))
+                })?;
+                Ok(Upserted::Won(Won::with_a_current_lease(
+                    fence,
+                    won % 2 == 1,
+                    req.lease,
+                )))
+            }
+        }
     }
 
     async fn complete(
@@ -878,5 +933,8 @@ mod tests {
         }
         assert!(pos("state") < pos("expires_at"));
         assert!(!CLAIM.contains("IGNORE"));
+        // The one call that sets the insert id, with `upsert`'s LOST.
+        assert_eq!(CLAIM.matches("LAST_INSERT_ID(").count(), 1);
+        assert!(CLAIM.contains(&format!("fence * 2 + taken_over, {LOST})) > {LOST}, ")));
     }
 }

@@ -38,9 +38,6 @@ pub(crate) struct Record {
     state: i64,
     token: Vec<u8>,
     fence: i64,
-    // Read back after MySQL's upsert, which has no RETURNING.
-    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-    taken_over: bool,
     lease_until: i64,
     expires_at: i64,
     fingerprint: Option<Fingerprint>,
@@ -50,9 +47,9 @@ pub(crate) struct Record {
 
 impl Record {
     /// Decodes a row read when the clock stood at `now`. Every dialect's read
-    /// selects `state, token, fence, taken_over, lease_until, expires_at,
-    /// fingerprint, outcome, result` under these names, `state` and `outcome`
-    /// as 64-bit integers whatever their storage.
+    /// selects `state, token, fence, lease_until, expires_at, fingerprint,
+    /// outcome, result` under these names, `state` and `outcome` as 64-bit
+    /// integers whatever their storage.
     ///
     /// A state or outcome this version does not know, or a fingerprint of the
     /// wrong size, is an error: an unknown record fails closed rather than
@@ -87,7 +84,6 @@ impl Record {
             state,
             token: r.try_get("token")?,
             fence: r.try_get("fence")?,
-            taken_over: r.try_get("taken_over")?,
             lease_until: r.try_get("lease_until")?,
             expires_at: r.try_get("expires_at")?,
             fingerprint,
@@ -130,18 +126,6 @@ impl Record {
             lease_remaining: remaining(self.lease_until, self.now),
             fingerprint: self.fingerprint,
         }))
-    }
-
-    /// The claim `token` holds on this record, read back right after its
-    /// upsert: PROCESSING under its token.
-    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-    pub(crate) fn won_by(&self, token: Token) -> Option<Won> {
-        (self.state == PROCESSING && self.token == token.0).then_some(Won {
-            fence: self.fence,
-            takeover: self.taken_over,
-            lease_until: self.lease_until,
-            now: self.now,
-        })
     }
 
     /// The record as an operator sees it, if it is live.
@@ -191,13 +175,26 @@ pub(crate) struct Won {
 }
 
 impl Won {
+    /// A claim whose lease the dialect knows counts from when its statement
+    /// had the row (or from later), without reading the clock back: its times
+    /// on a clock that starts then.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub(crate) fn with_a_current_lease(fence: i64, takeover: bool, lease: Duration) -> Won {
+        Won {
+            fence,
+            takeover,
+            lease_until: millis(lease),
+            now: 0,
+        }
+    }
+
     /// Whether the lease lost more than a tenth of itself before the upsert
     /// had the row: the statement waited on a lock (or the write lock) with
     /// its clock read before, and the lease must start again. A smaller loss
     /// is the statement's own run time.
     pub(crate) fn began_long_ago(&self, lease: Duration) -> bool {
         let started = self.lease_until.saturating_sub(millis(lease));
-        self.now.saturating_sub(started).saturating_mul(10) > millis(lease)
+        lost_too_much(self.now.saturating_sub(started), lease)
     }
 
     pub(crate) fn claim(self) -> Claim {
@@ -216,6 +213,13 @@ pub(crate) enum Upserted {
     /// Someone else holds it; the dialect has read it back already (`Some`),
     /// or the claim loop reads it (`None`).
     Lost(Option<Record>),
+}
+
+/// Whether a lease that lost `lost_millis` before its claim had the row must
+/// start again: more than a tenth of it. Less is a statement's own run time,
+/// not a wait on another transaction's lock.
+pub(crate) fn lost_too_much(lost_millis: i64, lease: Duration) -> bool {
+    lost_millis.saturating_mul(10) > millis(lease)
 }
 
 pub(crate) fn corrupt(what: &'static str) -> sqlx::Error {
