@@ -12,6 +12,10 @@
 //! #        IDEM_BENCH_SQL_CALLS (10000) IDEM_BENCH_SQL_ROUNDS (3)
 //! #        IDEM_BENCH_ONLY=redis|sql|pg|mysql (sql: both SQL sections)
 //! #        IDEM_BENCH_MYSQL_DB (idem_bench; the scratch database, dropped before and after)
+//! # one side alone, for `perf record` or a floor, printing calls/s and client CPU:
+//! #        IDEM_BENCH_PROFILE=idem|floor|reference (Redis, body `pure`; floor = the
+//! #        store's two commands with nothing around them) IDEM_BENCH_PROFILE_C (64)
+//! #        IDEM_BENCH_PROFILE_SQL=a|r|b|s|p with IDEM_BENCH_ONLY=pg|mysql, IDEM_BENCH_PROFILE_C (16)
 //! ```
 //!
 //! Every measurement is a fixed number of calls made by closed-loop callers at
@@ -824,6 +828,23 @@ async fn sql_table(
     sides: [(&str, &str, Side); 5],
 ) {
     header(title);
+    // One side alone, for a profiler (as IDEM_BENCH_PROFILE does for Redis).
+    if let Ok(which) = std::env::var("IDEM_BENCH_PROFILE_SQL") {
+        let c: usize = env("IDEM_BENCH_PROFILE_C", 16);
+        for (name, _, f) in sides
+            .iter()
+            .filter(|s| s.0.starts_with(&format!("({which})")))
+        {
+            let f = f.clone();
+            let m = measure(c, calls, move |id| f(base_run, id)).await;
+            println!(
+                "{name} alone, c={c}: {:.0} calls/s, client {:.1} us/call",
+                m.throughput(),
+                m.per_call(m.client_cpu)
+            );
+        }
+        return;
+    }
     for (cell, c) in [1usize, 16, 64].into_iter().enumerate() {
         let mut results: Vec<Vec<Cell>> = vec![Vec::new(); sides.len()];
         for round in 0..rounds {
