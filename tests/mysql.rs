@@ -954,41 +954,24 @@ async fn a_stale_last_insert_id_on_the_connection_never_reaches_a_claim() {
     conn.execute("CREATE TEMPORARY TABLE idem_insert_id (k INT PRIMARY KEY, v INT NOT NULL)")
         .await
         .unwrap();
-    let upsert = |k: i32| {
-        sqlx::query(
-            "INSERT INTO idem_insert_id (k, v) VALUES (?, 0)
-             ON DUPLICATE KEY UPDATE v = IF(LAST_INSERT_ID(7), v, v)",
-        )
-        .bind(k)
-    };
     sqlx::query("SELECT LAST_INSERT_ID(15)")
         .execute(&mut *conn)
         .await
         .unwrap();
-    assert_eq!(
-        upsert(1)
-            .execute(&mut *conn)
-            .await
-            .unwrap()
-            .last_insert_id(),
-        0
-    );
-    assert_eq!(
-        upsert(1)
-            .execute(&mut *conn)
-            .await
-            .unwrap()
-            .last_insert_id(),
-        7
-    );
-    assert_eq!(
-        upsert(2)
-            .execute(&mut *conn)
-            .await
-            .unwrap()
-            .last_insert_id(),
-        0
-    );
+    // Insert ids of: a fresh row, the same key again (the marker), a fresh row.
+    let mut ids = Vec::new();
+    for k in [1, 1, 2] {
+        let done = sqlx::query(
+            "INSERT INTO idem_insert_id (k, v) VALUES (?, 0)
+             ON DUPLICATE KEY UPDATE v = IF(LAST_INSERT_ID(7), v, v)",
+        )
+        .bind(k)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+        ids.push(done.last_insert_id());
+    }
+    assert_eq!(ids, [0, 7, 0]);
     conn.execute("DROP TEMPORARY TABLE idem_insert_id")
         .await
         .unwrap();

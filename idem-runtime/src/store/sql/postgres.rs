@@ -36,6 +36,24 @@ macro_rules! with_clock {
     };
 }
 
+// The fresh PROCESSING row both claim statements insert, attempted only when
+// a plain read does not show a live record that may not be taken (DONE, or
+// PROCESSING under someone else's lease).
+macro_rules! insert_unless_held {
+    () => {
+        "INSERT INTO idem_records AS r
+    (key, state, token, fence, lease_until, expires_at, fingerprint, taken_over)
+SELECT $1, 1, $2, 1, clock.now + $3, clock.now + $4, $5, FALSE FROM clock
+WHERE NOT EXISTS (
+    SELECT 1 FROM idem_records AS live
+    WHERE live.key = $1
+      AND live.expires_at > clock.now
+      AND (live.state = 2
+           OR (live.state = 1 AND live.lease_until > clock.now AND live.token <> $2)))
+"
+    };
+}
+
 // The claim's one statement in the common cases: it inserts a fresh record
 // (the caller wins), or it answers with the record that is there (a replay, or
 // Busy), in one round trip. ON CONFLICT DO NOTHING takes no lock on the
@@ -60,17 +78,9 @@ macro_rules! with_clock {
 // whose start lies too far before that (`Won::began_long_ago`).
 const CLAIM: &str = concat!(
     with_clock!(),
-    ", ins AS (
-    INSERT INTO idem_records
-        (key, state, token, fence, lease_until, expires_at, fingerprint, taken_over)
-    SELECT $1, 1, $2, 1, clock.now + $3, clock.now + $4, $5, FALSE FROM clock
-    WHERE NOT EXISTS (
-        SELECT 1 FROM idem_records AS live
-        WHERE live.key = $1
-          AND live.expires_at > clock.now
-          AND (live.state = 2
-               OR (live.state = 1 AND live.lease_until > clock.now AND live.token <> $2)))
-    ON CONFLICT (key) DO NOTHING
+    ", ins AS (\n",
+    insert_unless_held!(),
+    "ON CONFLICT (key) DO NOTHING
     RETURNING fence, taken_over, lease_until, ",
     server_now!(),
     " AS now)
@@ -107,16 +117,8 @@ WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM ins)"
 // race between the two statements reaches a refused conflict.
 const TAKE: &str = concat!(
     with_clock!(),
-    "INSERT INTO idem_records AS r
-    (key, state, token, fence, lease_until, expires_at, fingerprint, taken_over)
-SELECT $1, 1, $2, 1, clock.now + $3, clock.now + $4, $5, FALSE FROM clock
-WHERE NOT EXISTS (
-    SELECT 1 FROM idem_records AS live
-    WHERE live.key = $1
-      AND live.expires_at > clock.now
-      AND (live.state = 2
-           OR (live.state = 1 AND live.lease_until > clock.now AND live.token <> $2)))
-ON CONFLICT (key) DO UPDATE SET
+    insert_unless_held!(),
+    "ON CONFLICT (key) DO UPDATE SET
     state       = 1,
     fence       = CASE WHEN r.state = 1 AND r.token = excluded.token
                        THEN r.fence ELSE r.fence + 1 END,
