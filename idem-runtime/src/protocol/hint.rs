@@ -58,10 +58,8 @@ impl std::hash::Hasher for DigestHasher {
     }
     fn write(&mut self, bytes: &[u8]) {
         // Bytes 8..16 of the digest: the shard took byte 0.
-        for chunk in bytes.chunks(8).skip(1).take(1) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.0 ^= u64::from_le_bytes(word);
+        if let Some(word) = bytes.get(8..16) {
+            self.0 = u64::from_le_bytes(word.try_into().expect("eight bytes"));
         }
     }
     fn write_usize(&mut self, _: usize) {

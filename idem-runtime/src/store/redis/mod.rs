@@ -536,28 +536,14 @@ impl RedisStore {
     /// Runs one of the fenced scripts that answer 1 (done) or 0 (not the owner).
     async fn fenced(&self, script: &Script, key: &Key, args: &[&[u8]]) -> Result<bool, StoreError> {
         let name = self.redis_key(key);
-        // EVALSHA written directly: `ScriptInvocation` first copies every
-        // argument (the result payload included) into vectors of its own, and
-        // this runs on every call's completion.
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(1).arg(&name);
+        let mut invocation = script.key(&name);
         for a in args {
-            cmd.arg(*a);
+            invocation.arg(*a);
         }
-        let mut conn = self.conn();
-        let done: i64 = match cmd.query_async(&mut conn).await {
-            // A restarted or flushed server forgot the script: load it (on a
-            // cluster, redis-rs sends SCRIPT LOAD to every primary) and ask again.
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                script
-                    .load_async(&mut conn)
-                    .await
-                    .map_err(|e| self.err_at(&name, e))?;
-                cmd.query_async(&mut conn).await
-            }
-            reply => reply,
-        }
-        .map_err(|e| self.err_at(&name, e))?;
+        let done: i64 = invocation
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| self.err_at(&name, e))?;
         Ok(done == 1)
     }
 

@@ -18,7 +18,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Connection as _, Executor as _, MySql, Row as _};
 
 use super::dialect::Dialect;
-use super::record::{Record, Upserted, Won, lost_too_much, millis};
+use super::record::{Record, Upserted, Won, millis};
 use super::schema_migrations;
 use super::store::{Core, Settings, connect_pool, server_location, sql_store, tx_connection};
 use crate::clock::{Clock, SystemClock};
@@ -588,7 +588,7 @@ impl Dialect for MySql {
     /// its statement began.
     async fn upsert(
         conn: &mut MySqlConnection,
-        clock: &dyn Clock,
+        _: &dyn Clock,
         req: ClaimRequest<'_>,
     ) -> Result<Upserted, sqlx::Error> {
         let sent = Instant::now();
@@ -602,36 +602,21 @@ impl Dialect for MySql {
             .await?;
         match done.last_insert_id() {
             INSERTED => {
-                // The insert's VALUES were computed when the statement began.
-                // The server waited at most as long as the client did, so a
-                // statement back within the tenth of the lease that
-                // `Won::began_long_ago` forgives lost no more of it than that.
-                // One that took longer may have waited on another
-                // transaction's uncommitted insert of the key (rolled back
-                // since): its lease starts again. A renewal that fails (on the
-                // pool, another caller took the lease that had run out; or the
-                // ttl ran out too) leaves the claim loop to read who holds the
-                // record.
+                // The insert's VALUES were computed when the statement began,
+                // and the server waited at most as long as the client did: the
+                // claim loop restarts the lease when that is more than a
+                // statement's own run time (a wait on another transaction's
+                // uncommitted insert of the key, rolled back since).
                 let waited = i64::try_from(sent.elapsed().as_millis()).unwrap_or(i64::MAX);
-                if lost_too_much(waited, req.lease)
-                    && !Self::renew(conn, clock, req.key, req.token, req.lease).await?
-                {
-                    return Ok(Upserted::Lost(None));
-                }
-                Ok(Upserted::Won(Won::with_a_current_lease(
-                    1, false, req.lease,
-                )))
+                Ok(Upserted::Won(Won::after(1, false, req.lease, waited)))
             }
             LOST => Ok(Upserted::Lost(read_with(conn, READ_LOCKED, req.key).await?)),
             won => {
                 let fence = i64::try_from(won / 2).map_err(|_| {
                     sqlx::Error::Protocol(format!("claim marker {won} out of range"))
                 })?;
-                Ok(Upserted::Won(Won::with_a_current_lease(
-                    fence,
-                    won % 2 == 1,
-                    req.lease,
-                )))
+                // The update branch counts its lease from when it had the row.
+                Ok(Upserted::Won(Won::after(fence, won % 2 == 1, req.lease, 0)))
             }
         }
     }

@@ -175,16 +175,17 @@ pub(crate) struct Won {
 }
 
 impl Won {
-    /// A claim whose lease the dialect knows counts from when its statement
-    /// had the row (or from later), without reading the clock back: its times
-    /// on a clock that starts then.
+    /// A claim whose dialect reads no clock back: its times on a clock that
+    /// starts with the lease, the lease having lost `lost_millis` before the
+    /// statement had the row (0 when the statement counts the lease from then
+    /// itself). [`Won::began_long_ago`] judges it like any other.
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-    pub(crate) fn with_a_current_lease(fence: i64, takeover: bool, lease: Duration) -> Won {
+    pub(crate) fn after(fence: i64, takeover: bool, lease: Duration, lost_millis: i64) -> Won {
         Won {
             fence,
             takeover,
             lease_until: millis(lease),
-            now: 0,
+            now: lost_millis,
         }
     }
 
@@ -194,7 +195,7 @@ impl Won {
     /// is the statement's own run time.
     pub(crate) fn began_long_ago(&self, lease: Duration) -> bool {
         let started = self.lease_until.saturating_sub(millis(lease));
-        lost_too_much(self.now.saturating_sub(started), lease)
+        self.now.saturating_sub(started).saturating_mul(10) > millis(lease)
     }
 
     pub(crate) fn claim(self) -> Claim {
@@ -213,13 +214,6 @@ pub(crate) enum Upserted {
     /// Someone else holds it; the dialect has read it back already (`Some`),
     /// or the claim loop reads it (`None`).
     Lost(Option<Record>),
-}
-
-/// Whether a lease that lost `lost_millis` before its claim had the row must
-/// start again: more than a tenth of it. Less is a statement's own run time,
-/// not a wait on another transaction's lock.
-pub(crate) fn lost_too_much(lost_millis: i64, lease: Duration) -> bool {
-    lost_millis.saturating_mul(10) > millis(lease)
 }
 
 pub(crate) fn corrupt(what: &'static str) -> sqlx::Error {
