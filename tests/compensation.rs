@@ -7,12 +7,16 @@
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 
+use std::time::Duration;
+
+use idem_runtime::ManualClock;
 use idem_runtime::store::memory::MemoryStore;
 use idem_runtime::store::redis::RedisStore;
 use idem_runtime::store::sql::{PgStore, SqliteStore};
 use idem_runtime::{StoreRef, Token, idempotent, step};
 use idem_tests::services;
 use serde::{Deserialize, Serialize};
+use tokio::sync::{Notify, oneshot};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, thiserror::Error)]
 enum AppError {
@@ -45,6 +49,9 @@ struct Ledger {
     rejections: AtomicUsize,
     /// Stock restores that still time out before one goes through.
     restore_timeouts: AtomicUsize,
+    /// Stalls the next coupon request: it says it started, waits to be
+    /// resumed, then is rejected (a stale owner coming back late).
+    stall_coupon: Mutex<Option<(oneshot::Sender<()>, Arc<Notify>)>>,
 }
 
 /// A service with its store: `Clone`, as compensations run on a clone of it.
@@ -113,6 +120,13 @@ impl Shop {
 
     #[step("issue_coupon")]
     async fn issue_coupon(&self, order_no: &str) -> Result<String, AppError> {
+        let stall = self.ledger.stall_coupon.lock().unwrap().take();
+        if let Some((started, resume)) = stall {
+            started.send(()).unwrap();
+            resume.notified().await;
+            self.log("coupon rejected late".into());
+            return Err(AppError::CouponRejected);
+        }
         let rejected = self
             .ledger
             .rejections
@@ -247,6 +261,51 @@ async fn redis() {
     if let Some(store) = services::reachable("Redis", &url, RedisStore::connect(&url).await) {
         all(StoreRef::new(store)).await;
     }
+}
+
+/// Owner 1 stalls inside step three past its lease; owner 2 takes the key
+/// over, replays steps one and two, finishes the flow. Owner 1 then comes back
+/// with a final error: it must neither write the give-up record nor undo the
+/// steps its successor's finished order relies on.
+#[tokio::test]
+async fn a_stale_owner_never_compensates_a_flow_its_successor_finished() {
+    let clock = ManualClock::new(1_700_000_000_000);
+    let store = StoreRef::new(MemoryStore::builder().clock(clock.clone()).build());
+    let shop = Shop::new(store.clone());
+    let no = order_no();
+    let (started, stalled) = oneshot::channel();
+    let resume = Arc::new(Notify::new());
+    *shop.ledger.stall_coupon.lock().unwrap() = Some((started, resume.clone()));
+
+    let stale = tokio::spawn({
+        let shop = shop.clone();
+        let no = no.clone();
+        async move { shop.order(&no).await }
+    });
+    stalled.await.unwrap();
+    // Past the flow's lease on the store's clock (the heartbeat, on real time,
+    // has not beaten yet: the stale owner does not know).
+    clock.advance(Duration::from_secs(31));
+    let receipt = shop
+        .order(&no)
+        .await
+        .expect("the successor finishes the flow");
+
+    resume.notify_one();
+    let late = stale.await.unwrap().unwrap_err();
+    assert!(
+        matches!(&late, AppError::Idem(m) if m.contains("lease")),
+        "the stale owner stops with LeaseLost: {late:?}"
+    );
+    let events = shop.events();
+    assert!(
+        !events
+            .iter()
+            .any(|e| e.starts_with("cancel") || e.starts_with("restore")),
+        "nothing the successor finished was undone: {events:?}"
+    );
+    // Every duplicate replays the successor's order, whose stock is still deducted.
+    assert_eq!(shop.order(&no).await.unwrap(), receipt);
 }
 
 /// Outside a flow a compensated step just runs, and nothing is compensated.

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use idem_runtime::Token;
 use idem_runtime::lock::postgres::PgLocks;
 use idem_runtime::lock::redis::RedisLocks;
+use idem_tests::proxy::Proxy;
 use idem_tests::services;
 
 fn name(case: &str) -> String {
@@ -261,4 +262,81 @@ async fn postgres_dropped_guard_frees_the_lock() {
             )
         });
     assert!(b.release().await.unwrap());
+}
+
+/// A caller's future dropped while `pg_try_advisory_lock` is on the wire (its
+/// timeout fired, its request was cancelled): the server granted the lock,
+/// but no guard exists to free it. The session must not go back to the pool
+/// holding it; the lock must come free without anyone's help.
+#[tokio::test]
+async fn pg_a_try_acquire_dropped_mid_query_never_leaves_the_lock_held() {
+    let url = services::postgres_url();
+    let Some(direct) = pg_locks().await else {
+        return;
+    };
+    let options: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
+    let proxy = Proxy::start(format!("{}:{}", options.get_host(), options.get_port())).await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        // No ping on acquire: the held replies below must only hold the lock's.
+        .test_before_acquire(false)
+        .connect_with(options.port(proxy.port()))
+        .await
+        .unwrap();
+    let locks = PgLocks::new(pool.clone());
+    let n = name("dropped");
+    // sqlx prepares a statement in a round trip of its own before it runs it:
+    // have the pooled session prepare the lock query now, on a lock it is
+    // refused (and so keeps the session in the pool), so that with replies
+    // held below the query itself reaches the server.
+    let taken = name("taken");
+    let other = direct
+        .try_acquire(&taken, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("free lock");
+    assert!(
+        locks
+            .try_acquire(&taken, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // The pool pings a session on its way back in: let that finish first.
+    while pool.num_idle() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    proxy.hold_replies(true);
+    let attempt = tokio::spawn({
+        let locks = locks.clone();
+        let n = n.clone();
+        async move { locks.try_acquire(&n, Duration::from_secs(3600)).await }
+    });
+    let started = Instant::now();
+    while direct.holder_pid(&n).await.unwrap().is_none() {
+        assert!(started.elapsed() < DEADLINE, "the lock query never ran");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The server granted it; the caller gives up before the answer arrives.
+    attempt.abort();
+    assert!(attempt.await.unwrap_err().is_cancelled());
+    proxy.hold_replies(false);
+
+    let started = Instant::now();
+    while direct.holder_pid(&n).await.unwrap().is_some() {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "a session nobody holds a guard for still holds the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // And the pool still works: the lock can be had through it again.
+    let lock = locks
+        .try_acquire(&n, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("the lock is free");
+    assert!(lock.release().await.unwrap());
+    assert!(other.release().await.unwrap());
 }

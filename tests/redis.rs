@@ -22,6 +22,7 @@ use idem_runtime::{
     idempotent,
 };
 use idem_tests::conformance::Subject;
+use idem_tests::proxy::Proxy;
 use idem_tests::services;
 use redis::IntoConnectionInfo;
 
@@ -494,52 +495,6 @@ async fn redis_stopped_mid_test_fails_closed() {
     assert_eq!(ledger.runs(), 2);
 }
 
-/// A TCP proxy in front of Redis that the test can cut: every open
-/// connection closes, and new ones are refused.
-struct Proxy {
-    port: u16,
-    cut: tokio::sync::watch::Sender<bool>,
-}
-
-impl Proxy {
-    async fn start(upstream: String) -> Proxy {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let (cut, cut_rx) = tokio::sync::watch::channel(false);
-        tokio::spawn(async move {
-            let mut stop = cut_rx.clone();
-            loop {
-                let (mut client, _) = tokio::select! {
-                    accepted = listener.accept() => accepted.unwrap(),
-                    _ = stop.wait_for(|cut| *cut) => return, // drops the listener
-                };
-                let upstream = upstream.clone();
-                let mut stop = cut_rx.clone();
-                tokio::spawn(async move {
-                    let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await else {
-                        return;
-                    };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
-                        _ = stop.wait_for(|cut| *cut) => {}
-                    }
-                });
-            }
-        });
-        Proxy { port, cut }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    async fn cut(&self) {
-        self.cut.send_replace(true);
-        // Let the proxy tasks see it and close their sockets.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// (c) The connection is lost between claim and complete: the body ran, the
 /// caller gets its result, but the record stays PROCESSING. A duplicate is
 /// told the call is in progress; once the lease has run out, a later caller
@@ -560,7 +515,7 @@ async fn connection_lost_between_claim_and_complete_is_taken_over_after_the_leas
         // The same records as `direct`: same server, same prefix.
         .key_prefix(&prefix)
         .reconnect_retries(0)
-        .connect(&proxy.url())
+        .connect(&format!("redis://127.0.0.1:{}", proxy.port()))
         .await
         .expect("through the proxy");
     let mut first = Ledger::new(through_proxy);
@@ -705,9 +660,14 @@ async fn purge_respects_limit_and_prefix(store: RedisStore, other: RedisStore) {
         store.inspect(&live).await.unwrap().is_some(),
         "a live record was purged"
     );
+    // Still there: its fence counts on (a purged record would start at 1).
+    let again = other
+        .claim(request(&elsewhere, Token::random()))
+        .await
+        .unwrap();
     assert!(
-        other.evict(&elsewhere).await.unwrap(),
-        "another prefix's record was purged"
+        matches!(again, Claim::Acquired { fence: 2, .. }),
+        "another prefix's record was purged: {again:?}"
     );
 }
 

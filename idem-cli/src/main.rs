@@ -63,9 +63,19 @@ Exit status: 0 done, 1 error, 2 usage, 3 no record under that key.";
 enum Command {
     /// Show the record under a key.
     Inspect(KeyArgs),
-    /// Delete the record under a key, whatever its state (the next call runs
-    /// the body again).
-    Evict(KeyArgs),
+    /// End the record under a key so the next call runs the body again. A
+    /// DONE record is released; a PROCESSING one under a live lease (a body
+    /// may be running) needs --force. Fences keep growing either way.
+    Evict {
+        #[command(flatten)]
+        key: KeyArgs,
+        /// Also end a PROCESSING record whose lease is live: its owner, if
+        /// still running, can no longer complete, and the next call takes
+        /// over with a higher fence. Whatever the owner already did outside
+        /// the record (a charge, a message) is not undone.
+        #[arg(long)]
+        force: bool,
+    },
     /// Delete expired and released records.
     Purge {
         /// Delete at most this many (default: all of them, in batches).
@@ -250,9 +260,22 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
                 }
             }
         }
-        Command::Evict(args) => {
+        Command::Evict { key: args, force } => {
             let r = resolve(cli, args)?;
             let store = store::open(store_url(cli)?, &cli.redis_prefix).await?;
+            if !force {
+                let live = store.inspect(&r.key).await?.filter(|info| {
+                    info.state == RecordState::Processing && info.lease_until_millis > now_millis()
+                });
+                if let Some(info) = live {
+                    return Err(Failure::Error(format!(
+                        "not evicted: {} is PROCESSING under a live lease (fence {}, for {} ms more): a body may be running, and evicting lets the next call run beside it. Wait for the lease, or pass --force",
+                        r.key.to_hex(),
+                        info.fence,
+                        info.lease_until_millis - now_millis()
+                    )));
+                }
+            }
             if store.evict(&r.key).await? {
                 if cli.json {
                     println!(

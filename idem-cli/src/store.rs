@@ -16,8 +16,31 @@ enum Kind<'a> {
     Redis,
 }
 
+/// The schemes of the server stores: a string that starts with one of these
+/// but lacks its `//` is a mistyped URL, never a SQLite path.
+const SERVER_SCHEMES: [&str; 6] = [
+    "postgres",
+    "postgresql",
+    "mysql",
+    "mariadb",
+    "redis",
+    "rediss",
+];
+
 fn kind(url: &str) -> Result<Kind<'_>, Failure> {
     let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+    if scheme.is_none() {
+        // Never quote the string back: a mistyped URL may hold a password.
+        if let Some((s, _)) = url.split_once(':') {
+            if SERVER_SCHEMES.iter().any(|k| s.eq_ignore_ascii_case(k)) {
+                return Err(Failure::Error(format!(
+                    "malformed store URL: `{}:` must be followed by `//` (e.g. {}://user@host/db); the rest is not shown, it may hold a password",
+                    s.to_ascii_lowercase(),
+                    s.to_ascii_lowercase()
+                )));
+            }
+        }
+    }
     match scheme.as_deref() {
         Some("postgres" | "postgresql") => Ok(Kind::Postgres),
         Some("mysql" | "mariadb") => Ok(Kind::MySql),
@@ -49,7 +72,8 @@ pub async fn open(url: &str, redis_prefix: &str) -> Result<StoreRef, Failure> {
         Kind::Sqlite(path) => {
             if path.is_empty() || !Path::new(path).is_file() {
                 return Err(Failure::Error(format!(
-                    "no SQLite database at {path:?} (the path is a file the service opened with SqliteStore::open)"
+                    "no SQLite database at {} (the path is a file the service opened with SqliteStore::open)",
+                    shown_path(path)
                 )));
             }
             StoreRef::new(SqliteStore::builder().skip_migrations().open(path).await?)
@@ -83,4 +107,13 @@ pub async fn open(url: &str, redis_prefix: &str) -> Result<StoreRef, Failure> {
                 .await?,
         ),
     })
+}
+
+/// A path as an error may quote it: what looks like credentials (anything
+/// before an `@`, as in a URL's `user:password@`) is left out.
+fn shown_path(path: &str) -> String {
+    match path.rsplit_once('@') {
+        Some((_, rest)) => format!("\"…@{rest}\" (the part before `@` is not shown)"),
+        None => format!("{path:?}"),
+    }
 }

@@ -204,6 +204,36 @@ fn operate(store_url: &str, extra: &[&str]) {
     assert_eq!(json(&o)["purged"], 1);
     assert_eq!(json(&run(&["--json", "stats"]))["dead"], 0);
 
+    // A live PROCESSING record is not evicted without --force: a body may be
+    // running under it.
+    let running = [
+        "--scope",
+        "orders.create",
+        "--part",
+        "u64:1",
+        "--part",
+        "str:B",
+    ];
+    let o = run(&[&["evict"][..], &running].concat());
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("live lease"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--force"), "{}", stderr(&o));
+    let before = json(&run(&[&["--json", "inspect"][..], &running].concat()));
+    assert_eq!(before["state"], "processing", "{before}");
+    // Forced: the record stays, ownerless and stalled, with its fence, so the
+    // next claim takes it over with a higher one (the conformance suite's
+    // `evict_of_a_live_claim_keeps_fences_growing` checks that per store).
+    let o = run(&[&["evict", "--force"][..], &running].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let after = json(&run(&[&["--json", "inspect"][..], &running].concat()));
+    assert_eq!(after["fence"], before["fence"], "{after}");
+    let s = json(&run(&["--json", "stats"]));
+    assert_eq!(
+        (&s["processing"], &s["stalled"]),
+        (&Value::from(0), &Value::from(1)),
+        "{s}"
+    );
+
     // evict, then it is gone
     let o = run(&[&["evict"][..], &PARTS].concat());
     assert!(o.status.success(), "{}", stderr(&o));
@@ -290,6 +320,11 @@ fn bad_store_urls_fail_clearly() {
         ("mysql://u:s3cret@127.0.0.1:1/x", "mysql (127.0.0.1:1/x)"),
         ("redis://:s3cret@127.0.0.1:1", "redis (127.0.0.1:1)"),
         ("postgres://[bad", "postgres"),
+        // Mistyped URLs are never taken for a SQLite path and quoted whole.
+        ("postgres:/ops:s3cret@db/x", "malformed store URL"),
+        ("mysql:ops:s3cret@db/x", "malformed store URL"),
+        ("redis:/:s3cret@127.0.0.1", "malformed store URL"),
+        ("/data/ops:s3cret@db.sqlite", "no SQLite database"),
     ];
     for (url, says) in cases {
         let o = idem(&["--store", url, "stats"], &[]);

@@ -72,10 +72,10 @@ pub enum Error {
     /// caller that took over runs the flow, and this one's completion would be
     /// fenced off anyway.
     #[error(
-        "`{scope}`: this call lost its lease to another caller while it ran, so it starts no new step; the newer owner finishes the flow"
+        "`{scope}`: this call lost its lease to another caller while it ran, so it goes no further (no new step, no give-up, no compensation); the newer owner finishes the flow"
     )]
     LeaseLost {
-        /// The scope of the step that did not start.
+        /// The scope of the step, give-up or compensation that did not start.
         scope: String,
     },
 

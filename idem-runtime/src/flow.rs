@@ -7,8 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::error::Error;
 use crate::key::{Fingerprint, Key};
-use crate::store::StoreRef;
+use crate::store::{StoreRef, Token};
 
 tokio::task_local! {
     static FLOW: Arc<FlowContext>;
@@ -22,6 +23,9 @@ pub(crate) struct FlowContext {
     pub(crate) lease: Duration,
     /// The fence of this call's claim (`None` when the claim did not say).
     pub(crate) fence: Option<u64>,
+    /// The token this call's claim holds the record under (`None` inside a
+    /// caller's transaction, where nothing can take the record over).
+    owner: Option<Token>,
     /// What step keys hang off: the flow key, bound to the payload fingerprint
     /// when there is one, so a retry with another payload (after a release or a
     /// takeover) never replays the steps of the first.
@@ -116,6 +120,7 @@ impl FlowContext {
         ttl: Duration,
         lease: Duration,
         fence: Option<u64>,
+        owner: Option<Token>,
     ) -> Arc<Self> {
         let step_root = match fingerprint {
             Some(fp) => key.derive(&format!("fingerprint:{}", hex::encode(fp.as_bytes()))),
@@ -127,6 +132,7 @@ impl FlowContext {
             ttl,
             lease,
             fence,
+            owner,
             step_root,
             lease_lost: AtomicBool::new(false),
             parent: current(),
@@ -208,6 +214,28 @@ impl FlowContext {
     /// The heartbeat found another owner on the record.
     pub(crate) fn mark_lease_lost(&self) {
         self.lease_lost.store(true, Ordering::Relaxed);
+    }
+
+    /// Proves against the store that this call still owns its record, before
+    /// an act only the owner may take (giving the flow up, undoing a step):
+    /// a renewal under the claim's token, which fails once another caller
+    /// took the key over, even if it finished since, or before this call's
+    /// heartbeat noticed. Renewing also keeps the lease for the act that
+    /// follows. The local flag alone cannot tell a stalled owner it is stale.
+    pub(crate) async fn prove_ownership(&self, act: &str) -> Result<(), Error> {
+        if let (Some(store), Some(token)) = (&self.store, self.owner) {
+            let owned = store.renew(&self.key, token, self.lease).await?;
+            if !owned {
+                self.mark_lease_lost();
+            }
+        }
+        if self.lease_lost() {
+            tracing::warn!(act, "this call no longer owns its key; not going on");
+            return Err(Error::LeaseLost {
+                scope: act.to_owned(),
+            });
+        }
+        Ok(())
     }
 
     /// Whether this call, or a flow it runs inside, lost its lease.

@@ -470,6 +470,34 @@ pub async fn evict_removes_a_record(s: Subject) {
     acquire(&s, &key, Token::random()).await;
 }
 
+/// An operator's evict of a live claim never hands its fence out twice: the
+/// owner, still running, can neither complete, renew nor release, and the next
+/// claim (even after a purge) gets a higher fence than the owner holds.
+pub async fn evict_of_a_live_claim_keeps_fences_growing(s: Subject) {
+    let key = fresh_key("evict-live");
+    let owner = Token::random();
+    let first = acquire(&s, &key, owner).await;
+    assert!(s.store.evict(&key).await.unwrap());
+    assert!(
+        !s.store.renew(&key, owner, s.ttl()).await.unwrap(),
+        "the evicted owner renews nothing"
+    );
+    assert!(
+        !s.store
+            .complete(&key, owner, success(b"late", s.ttl()))
+            .await
+            .unwrap(),
+        "the evicted owner completes nothing"
+    );
+    assert!(!s.store.release(&key, owner).await.unwrap());
+    s.store.purge_expired(10_000).await.unwrap();
+    let next = acquire(&s, &key, Token::random()).await;
+    assert!(
+        next > first,
+        "the next owner's fence {next} must be above the evicted owner's {first}"
+    );
+}
+
 /// Purging deletes expired and released records and keeps live ones.
 pub async fn purge_removes_only_dead_records(s: Subject) {
     let live = fresh_key("purge-live");
@@ -714,6 +742,7 @@ macro_rules! conformance_suite {
                 finished_records_have_no_owner,
                 done_record_expires_after_ttl,
                 evict_removes_a_record,
+                evict_of_a_live_claim_keeps_fences_growing,
                 purge_removes_only_dead_records,
                 storm_runs_the_body_once,
                 storm_with_wait_replays_to_all,

@@ -20,8 +20,10 @@
 //!
 //! The guard's connection is taken from the pool and then detached from it, so
 //! a guard dropped without release closes its connection (freeing the lock)
-//! instead of handing a locked session back to the pool. Each held lock costs
-//! one connection.
+//! instead of handing a locked session back to the pool. A `try_acquire`
+//! dropped mid-way (a timeout around it, a cancelled request) closes its
+//! connection too, unless the lock was refused. Each held lock costs one
+//! connection.
 
 use std::str::FromStr;
 use std::time::{Duration, Instant};
@@ -117,17 +119,22 @@ impl PgLocks {
         lease: Duration,
     ) -> Result<Option<PgLock>, StoreError> {
         let key = Self::key_of(name);
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        // From the lock query on, dropping this future (a timeout, a cancelled
+        // request) must close the session rather than hand it back to the pool
+        // still holding a lock nobody has a guard for.
+        let mut conn = CloseUnlessKept(Some(self.pool.acquire().await.map_err(|e| self.err(e))?));
         let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
             .bind(key)
-            .fetch_one(&mut *conn)
+            .fetch_one(&mut **conn.get())
             .await
             .map_err(|e| self.err(e))?;
         if !got {
+            // Holds nothing: back to the pool.
+            drop(conn.keep());
             return Ok(None);
         }
         // From here the session holds a lock: it must never go back to the pool.
-        let mut conn = conn.detach();
+        let mut conn = conn.keep().detach();
         if let Err(e) = set_lease(&mut conn, lease).await {
             let _ = conn.close().await;
             return Err(self.err(e));
@@ -267,6 +274,29 @@ impl PgLock {
             Ok(unlocked) => Ok(unlocked),
             Err(e) if session_gone(&e) => Ok(false),
             Err(e) => Err(StoreError::new(BACKEND, &*self.location, e)),
+        }
+    }
+}
+
+/// A pooled connection that is closed, not returned to the pool, if dropped
+/// before [`keep`](Self::keep): a future dropped at an `.await` leaves the
+/// session in a state only the server knows (here: maybe holding a lock).
+struct CloseUnlessKept(Option<sqlx::pool::PoolConnection<sqlx::Postgres>>);
+
+impl CloseUnlessKept {
+    fn get(&mut self) -> &mut sqlx::pool::PoolConnection<sqlx::Postgres> {
+        self.0.as_mut().expect("kept only once")
+    }
+
+    fn keep(mut self) -> sqlx::pool::PoolConnection<sqlx::Postgres> {
+        self.0.take().expect("kept only once")
+    }
+}
+
+impl Drop for CloseUnlessKept {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.as_mut() {
+            conn.close_on_drop();
         }
     }
 }

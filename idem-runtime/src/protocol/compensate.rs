@@ -155,11 +155,7 @@ pub(super) fn register<T, C, CF, U, E2>(
 /// Runs the registered compensations in reverse order of their steps.
 async fn compensate_all(flow: &Arc<FlowContext>, store: &StoreRef) -> Result<(), Error> {
     for pending in flow.take_compensations().into_iter().rev() {
-        if flow.lease_lost() {
-            return Err(Error::LeaseLost {
-                scope: pending.compensation.to_owned(),
-            });
-        }
+        flow.prove_ownership(pending.compensation).await?;
         let spec = flow_spec(pending.compensation, flow);
         let key = pending.step_key.derive("idem:compensate");
         tracing::info!(
@@ -212,6 +208,12 @@ where
                 // giving up on a decision that cannot be recorded is not safe.
                 return out;
             };
+            // A stale owner must not decide for a flow its successor may
+            // have finished: every duplicate would replay that success with
+            // its effects undone.
+            if let Err(e) = flow.prove_ownership(GIVE_UP_SCOPE).await {
+                return Err(E::from(e));
+            }
             match write_give_up(&flow, &store, mine.clone()).await {
                 Ok(stands) => {
                     let ours = stands == mine;

@@ -330,7 +330,15 @@ where
             }
             Verdict::Decided(Acquired::Owner { fence }) => fence,
         };
-        let ctx = FlowContext::new(key, fingerprint, None, spec.ttl, spec.lease, Some(fence));
+        let ctx = FlowContext::new(
+            key,
+            fingerprint,
+            None,
+            spec.ttl,
+            spec.lease,
+            Some(fence),
+            None,
+        );
         let running = hint::Running::start(spec, key);
         let out = flow::scope(ctx, body(&mut *conn)).await;
         running.finish();
@@ -527,6 +535,7 @@ where
                     spec.ttl,
                     spec.lease,
                     Some(fence),
+                    Some(token),
                 );
                 let beat = heartbeat(&store, &key, token, spec.lease, &ctx, body);
                 let running = hint::Running::start(spec, key);

@@ -281,7 +281,21 @@ impl Store for MemoryStore {
     }
 
     async fn evict(&self, key: &Key) -> Result<bool, StoreError> {
-        Ok(self.shard(key).remove(key).is_some())
+        let now = self.now();
+        let mut shard = self.shard(key);
+        let Some(rec) = shard.get_mut(key).filter(|r| is_live(r, now)) else {
+            return Ok(false);
+        };
+        rec.state = match rec.state {
+            // Disowned, its lease ended: the next claim takes it over with the
+            // next fence, and the record stays (it is live) until then.
+            State::Processing { .. } => State::Processing {
+                token: Token::random(),
+                lease_until: now,
+            },
+            State::Done { .. } | State::Released => State::Released,
+        };
+        Ok(true)
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError> {

@@ -248,8 +248,15 @@ pub trait Store: Send + Sync + 'static {
     /// Reads a live record (not expired, not released).
     async fn inspect(&self, key: &Key) -> Result<Option<RecordInfo>, StoreError>;
 
-    /// Deletes a record whatever its state: an operator's override. Returns
-    /// whether there was one.
+    /// Ends a live record whatever its state, so the next call runs the body:
+    /// an operator's override. Returns whether there was a live record.
+    ///
+    /// Fences keep growing: a DONE record is released (keeping its fence); a
+    /// PROCESSING one stays PROCESSING under no owner with its lease ended,
+    /// so its owner, if still running, can no longer renew, complete or
+    /// release, the next claim takes it over with a higher fence, and no
+    /// purge deletes it before then. Deleting the record would start the
+    /// next claim at fence 1 again, beside an owner that may still hold 1.
     async fn evict(&self, key: &Key) -> Result<bool, StoreError>;
 
     /// Deletes up to `limit` expired or released records. Returns how many.

@@ -9,7 +9,7 @@
 //!
 //! One file per operation, next to this one: `claim.rs` (one plain
 //! `SET … NX PX … GET`, and `reclaim.lua` on its rare path), `complete.lua`,
-//! `release.lua`, `renew.lua`, `inspect.lua` and `purge.lua`. Scripts run
+//! `release.lua`, `renew.lua`, `inspect.lua`, `purge.lua` and `evict.lua`. Scripts run
 //! with `EVALSHA` and are loaded again by themselves when the server answers
 //! `NOSCRIPT` (after a restart, a failover or `SCRIPT FLUSH`).
 //!
@@ -78,6 +78,7 @@ struct Scripts {
     renew: Script,
     inspect: Script,
     purge: Script,
+    evict: Script,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -86,6 +87,7 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     renew: Script::new(include_str!("renew.lua")),
     inspect: Script::new(include_str!("inspect.lua")),
     purge: Script::new(include_str!("purge.lua")),
+    evict: Script::new(include_str!("evict.lua")),
 });
 
 /// One shared connection, whichever kind: both are cheap handles to one
@@ -844,12 +846,8 @@ impl Store for RedisStore {
 
     /// One `DEL`, whatever the record's state.
     async fn evict(&self, key: &Key) -> Result<bool, StoreError> {
-        let deleted: i64 = redis::cmd("DEL")
-            .arg(self.redis_key(key))
-            .query_async(&mut self.conn())
+        self.fenced(&SCRIPTS.evict, key, &[&Token::random().0])
             .await
-            .map_err(|e| self.err(e))?;
-        Ok(deleted == 1)
     }
 
     /// Deletes up to `limit` released records under this store's prefix.

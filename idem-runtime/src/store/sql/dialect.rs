@@ -82,10 +82,14 @@ pub(crate) trait Dialect: sqlx::Database {
         lease: std::time::Duration,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
-    /// Deletes the record whatever its state.
+    /// Ends a live record whatever its state, keeping its fence: a
+    /// PROCESSING record is handed to `nobody` (a token no caller holds) with
+    /// its lease ended, anything else is released (see `Store::evict`).
     fn evict(
         conn: &mut Self::Connection,
+        clock: &dyn Clock,
         key: &Key,
+        nobody: Token,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
     /// Deletes up to `limit` dead records in `expires_at` order, skipping rows

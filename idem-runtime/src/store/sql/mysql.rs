@@ -240,7 +240,23 @@ const RENEW: &str = concat!(
     clock_ms!()
 );
 
-const EVICT: &str = "DELETE FROM idem_records WHERE `key` = ?";
+// An operator's override that keeps fences growing (see `Store::evict`): a
+// PROCESSING row stays, disowned (a token nobody holds) with its lease ended;
+// anything else live is released. `state` is set last: MySQL evaluates the
+// SET list left to right on the new values, and the rest needs the old state.
+const EVICT: &str = concat!(
+    "UPDATE idem_records SET
+    lease_until = CASE WHEN state = 1 THEN LEAST(lease_until, ",
+    now_ms!(),
+    ") ELSE lease_until END,
+    expires_at  = CASE WHEN state = 1 THEN expires_at ELSE LEAST(expires_at, ",
+    now_ms!(),
+    ") END,
+    token       = ?,
+    state       = CASE WHEN state = 1 THEN 1 ELSE 0 END
+WHERE `key` = ? AND state <> 0 AND expires_at > ",
+    now_ms!()
+);
 
 // Dead records are exactly those with `expires_at` in the past (released ones
 // included, see RELEASE), so the batch is a range of the `expires_at` index,
@@ -683,8 +699,17 @@ impl Dialect for MySql {
         Ok(done.rows_affected() == 1)
     }
 
-    async fn evict(conn: &mut MySqlConnection, k: &Key) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(EVICT).bind(key(k)).execute(conn).await?;
+    async fn evict(
+        conn: &mut MySqlConnection,
+        _: &dyn Clock,
+        k: &Key,
+        nobody: Token,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(EVICT)
+            .bind(&nobody.0[..])
+            .bind(key(k))
+            .execute(conn)
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 

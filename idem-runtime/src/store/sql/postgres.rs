@@ -191,7 +191,19 @@ WHERE r.key = mine.key AND r.expires_at > ",
     server_now!()
 );
 
-const EVICT: &str = "DELETE FROM idem_records WHERE key = $1";
+// An operator's override that keeps fences growing (see `Store::evict`): a
+// PROCESSING row stays, disowned (a token nobody holds) with its lease ended;
+// anything else live is released.
+const EVICT: &str = concat!(
+    with_clock!(),
+    "UPDATE idem_records SET
+    lease_until = CASE WHEN state = 1 THEN LEAST(lease_until, clock.now) ELSE lease_until END,
+    expires_at  = CASE WHEN state = 1 THEN expires_at ELSE LEAST(expires_at, clock.now) END,
+    token       = $2,
+    state       = CASE WHEN state = 1 THEN 1 ELSE 0 END
+FROM clock
+WHERE key = $1 AND state <> 0 AND expires_at > clock.now"
+);
 
 // Dead records are exactly those with `expires_at` in the past (released ones
 // included, see RELEASE). ORDER BY walks the `expires_at` index and stops at the
@@ -616,8 +628,17 @@ impl Dialect for Postgres {
         Ok(done.rows_affected() == 1)
     }
 
-    async fn evict(conn: &mut PgConnection, k: &Key) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(EVICT).bind(key(k)).execute(conn).await?;
+    async fn evict(
+        conn: &mut PgConnection,
+        _: &dyn Clock,
+        k: &Key,
+        nobody: Token,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(EVICT)
+            .bind(key(k))
+            .bind(&nobody.0[..])
+            .execute(conn)
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 

@@ -69,7 +69,18 @@ const RELEASE: &str = "
 UPDATE idem_records SET state = 0, expires_at = min(expires_at, ?3)
 WHERE key = ?1 AND state = 1 AND token = ?2";
 
-const EVICT: &str = "DELETE FROM idem_records WHERE key = ?1";
+// An operator's override that keeps fences growing (see `Store::evict`): a
+// PROCESSING row stays, disowned (a token nobody holds) with its lease ended,
+// so the next claim takes it over with the next fence; anything else live is
+// released. `state` is set last: MySQL reads columns already set in the same
+// SET list, and the other expressions need the old state.
+const EVICT: &str = "
+UPDATE idem_records SET
+    lease_until = CASE WHEN state = 1 THEN min(lease_until, ?3) ELSE lease_until END,
+    expires_at  = CASE WHEN state = 1 THEN expires_at ELSE min(expires_at, ?3) END,
+    token       = ?2,
+    state       = CASE WHEN state = 1 THEN 1 ELSE 0 END
+WHERE key = ?1 AND state <> 0 AND expires_at > ?3";
 
 // Dead records are exactly those with `expires_at` in the past (released ones
 // included, see RELEASE): the batch is a range of the `expires_at` index, read
@@ -404,8 +415,18 @@ impl Dialect for Sqlite {
         Ok(done.rows_affected() == 1)
     }
 
-    async fn evict(conn: &mut SqliteConnection, k: &Key) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(EVICT).bind(key(k)).execute(&mut *conn).await?;
+    async fn evict(
+        conn: &mut SqliteConnection,
+        clock: &dyn Clock,
+        k: &Key,
+        nobody: Token,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(EVICT)
+            .bind(key(k))
+            .bind(&nobody.0[..])
+            .bind(clock.now_millis())
+            .execute(&mut *conn)
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 

@@ -255,8 +255,11 @@ impl<D: Dialect> Core<D> {
     }
 
     pub(crate) async fn evict(&self, key: &Key) -> Result<bool, StoreError> {
-        self.retrying(|| async move { D::evict(&mut *self.conn().await?, key).await })
-            .await
+        let nobody = Token::random();
+        self.retrying(|| async move {
+            D::evict(&mut *self.conn().await?, &*self.clock, key, nobody).await
+        })
+        .await
     }
 
     /// Not retried: purges skip locked rows where the database can, and a

@@ -1,0 +1,90 @@
+//! A TCP proxy in front of a server that a test can cut (every open
+//! connection closes, new ones are refused) or make hold the server's replies
+//! (requests still reach the server, answers wait): the two ways a network
+//! fails a client mid-call.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+pub struct Proxy {
+    port: u16,
+    cut: watch::Sender<bool>,
+    hold: watch::Sender<bool>,
+}
+
+impl Proxy {
+    /// Listens on a free loopback port and forwards to `upstream` (`host:port`).
+    pub async fn start(upstream: String) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (cut, cut_rx) = watch::channel(false);
+        let (hold, hold_rx) = watch::channel(false);
+        tokio::spawn(async move {
+            let mut stop = cut_rx.clone();
+            loop {
+                let (client, _) = tokio::select! {
+                    accepted = listener.accept() => accepted.unwrap(),
+                    _ = stop.wait_for(|cut| *cut) => return, // drops the listener
+                };
+                let upstream = upstream.clone();
+                let mut stop = cut_rx.clone();
+                let hold = hold_rx.clone();
+                tokio::spawn(async move {
+                    let Ok(server) = TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        () = forward(client, server, hold) => {}
+                        _ = stop.wait_for(|cut| *cut) => {}
+                    }
+                });
+            }
+        });
+        Proxy { port, cut, hold }
+    }
+
+    /// The proxy's port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Closes every connection through the proxy and refuses new ones.
+    pub async fn cut(&self) {
+        self.cut.send_replace(true);
+        // Let the proxy tasks see it and close their sockets.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    /// While `true`, what the server sends is held back (requests still pass).
+    pub fn hold_replies(&self, hold: bool) {
+        self.hold.send_replace(hold);
+    }
+}
+
+async fn forward(client: TcpStream, server: TcpStream, mut hold: watch::Receiver<bool>) {
+    let (mut client_rx, mut client_tx) = client.into_split();
+    let (mut server_rx, mut server_tx) = server.into_split();
+    let up = tokio::io::copy(&mut client_rx, &mut server_tx);
+    let down = async {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match server_rx.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if hold.wait_for(|held| !*held).await.is_err() {
+                return;
+            }
+            if client_tx.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        _ = up => {}
+        () = down => {}
+    }
+}
