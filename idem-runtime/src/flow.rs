@@ -56,8 +56,7 @@ pub(crate) struct Pending {
     pub(crate) step_key: Key,
     /// Runs the compensation as a recorded step under the given settings, store
     /// and key; `Err` carries the compensation's error, for the message.
-    pub(crate) run:
-        Box<dyn FnOnce(crate::protocol::Spec, StoreRef, Key) -> CompensationFuture + Send>,
+    pub(crate) run: Box<dyn FnOnce(crate::spec::Spec, StoreRef, Key) -> CompensationFuture + Send>,
 }
 
 pub(crate) type CompensationFuture =

@@ -1,16 +1,11 @@
 //! The process-wide default store and key secret, installed once at start-up.
 
 use std::sync::RwLock;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::key::KeySecret;
 use crate::store::{AsStore, StoreRef};
 
 static DEFAULT: RwLock<Option<StoreRef>> = RwLock::new(None);
-static KEY_SECRET: RwLock<Option<KeySecret>> = RwLock::new(None);
-// Every key derivation asks for the secret; most processes never install
-// one, and they should not pay a lock for that answer.
-static HAS_KEY_SECRET: AtomicBool = AtomicBool::new(false);
 
 /// Installs the store that annotated calls without `store = …` use.
 ///
@@ -52,13 +47,5 @@ pub(crate) fn default_store() -> Option<StoreRef> {
 /// # Ok::<(), idem_runtime::KeySecretError>(())
 /// ```
 pub fn install_key_secret(secret: KeySecret) {
-    *KEY_SECRET.write().unwrap_or_else(|p| p.into_inner()) = Some(secret);
-    HAS_KEY_SECRET.store(true, Ordering::Release);
-}
-
-pub(crate) fn key_secret() -> Option<KeySecret> {
-    if !HAS_KEY_SECRET.load(Ordering::Acquire) {
-        return None;
-    }
-    KEY_SECRET.read().unwrap_or_else(|p| p.into_inner()).clone()
+    crate::key::install_secret(secret);
 }

@@ -44,7 +44,6 @@
 
 mod clock;
 pub mod consumer;
-mod diagnostics;
 mod error;
 mod flow;
 #[cfg(feature = "tower")]
@@ -78,50 +77,5 @@ pub use store::{
 /// What expansions of `#[idempotent]` and `#[step]` name. Not a public API:
 /// it changes without notice.
 #[doc(hidden)]
-pub mod __private {
-    pub use crate::diagnostics::{
-        AfterTypeError, CacheableSerialize, Dispatch, ErrProbe, IdemResult, OkProbe,
-        SerializeHolds, SerializeMissing, StorableErrorSerialize, WhenTypesHold,
-        WhenTypesHoldKeepingFinal, assert_error_type, assert_result, assert_result_keeping_final,
-        assert_serializable, assert_storable_error,
-    };
-    pub use crate::key::{FingerprintBuilder, Key, KeyBuilder};
-    pub use crate::protocol::compensate::{
-        AfterTypeErrorCompensated, WhenTypesHoldCompensated, compensation_receiver,
-        compensation_result,
-    };
-    pub use crate::protocol::{Cacheable, FromIdemError, StorableError};
-    pub use crate::spec::{Kind, Spec};
-    pub use crate::store::{AsStore, StoreRef};
-    pub use core::option::Option::{None, Some};
-    pub use core::time::Duration;
-
-    use crate::key::{Fingerprint, KeyPart};
-
-    #[inline]
-    pub fn key_builder(scope: &str) -> KeyBuilder {
-        Key::builder(scope)
-    }
-
-    #[inline]
-    pub fn fingerprint_builder() -> FingerprintBuilder {
-        Fingerprint::builder()
-    }
-
-    // A free function rather than a method call, so an unsupported segment type is
-    // reported as `KeyPart` unimplemented on the segment itself.
-    #[inline]
-    pub fn key_part<P: KeyPart + ?Sized>(builder: &mut KeyBuilder, part: &P) {
-        builder.push(part);
-    }
-
-    #[inline]
-    pub fn fingerprint_part<P: KeyPart + ?Sized>(builder: &mut FingerprintBuilder, part: &P) {
-        builder.push(part);
-    }
-
-    #[inline]
-    pub fn store_of<S: AsStore + ?Sized>(store: &S) -> StoreRef {
-        store.as_store()
-    }
-}
+#[path = "private/mod.rs"]
+pub mod __private;

@@ -11,7 +11,7 @@ use http::request::Parts;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::diagnostics::CacheableSerialize;
+use crate::__private::CacheableSerialize;
 use crate::error::Error;
 use crate::key::{KeyEncoder, KeyPart};
 use crate::protocol::StoredForm;

@@ -13,7 +13,7 @@
 //! - `compensate.rs`: giving up a flow and undoing its finished steps.
 
 mod claim;
-pub(crate) mod compensate;
+mod compensate;
 mod heartbeat;
 mod hint;
 mod record;

@@ -1,0 +1,113 @@
+//! What `#[step(…, compensate = "…")]` expands to: the receiver and result
+//! checks on the user's tokens, and the protocol call behind the same autoref
+//! dispatch as the other steps (see `diagnostics.rs`).
+
+use std::fmt::Debug;
+use std::future::Future;
+
+use crate::protocol::{Cacheable, FromIdemError};
+
+/// The receiver of a step method with a compensation: the compensation runs
+/// after the flow's body, when the step's borrow of `self` has ended, so it
+/// gets a clone.
+#[diagnostic::on_unimplemented(
+    message = "a step method with `compensate` needs `{Self}: Clone + Send + Sync + 'static`",
+    label = "the compensation runs after the flow's body has returned, on a clone of `self`",
+    note = "derive `Clone` for `{Self}` (a service holding pools and `Arc`s clones cheaply), or put the step and its compensation on a free fn"
+)]
+pub trait CompensableReceiver: Clone + Send + Sync + 'static {}
+impl<S: Clone + Send + Sync + 'static> CompensableReceiver for S {}
+
+#[inline]
+pub fn compensation_receiver<S: CompensableReceiver>(this: &S) -> S {
+    this.clone()
+}
+
+/// A compensation's result: stored and replayed like a step's.
+#[diagnostic::on_unimplemented(
+    message = "a compensation must return `Result<T, E>` with a storable `T` and an `E: From<idem_runtime::Error> + Debug`; it returns `{Self}`",
+    label = "the compensation's result is recorded so a retry never compensates twice",
+    note = "return e.g. `Result<(), AppError>` where `AppError: From<idem_runtime::Error> + Debug`"
+)]
+pub trait CompensationResult {}
+impl<U: Cacheable + Send + 'static, E2: FromIdemError + Debug + Send + 'static> CompensationResult
+    for Result<U, E2>
+{
+}
+
+#[inline]
+pub fn compensation_result<R: CompensationResult>(r: R) -> R {
+    r
+}
+
+/// The protocol call of a compensated step, for result types it can cache
+/// (the autoref dispatch of `diagnostics`).
+pub trait WhenTypesHoldCompensated<T, E> {
+    #[allow(clippy::too_many_arguments)]
+    fn run_step_compensated<'a, F, C, CF, U, E2>(
+        &self,
+        name: &'static str,
+        compensation: &'static str,
+        compensate: C,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>> + 'a
+    where
+        F: Future<Output = Result<T, E>> + 'a,
+        T: Send + 'static,
+        E: 'a,
+        C: FnOnce(T) -> CF + Send + 'static,
+        CF: Future<Output = Result<U, E2>> + Send + 'static,
+        U: Cacheable + Send + 'static,
+        E2: FromIdemError + Debug + Send + 'static;
+}
+
+impl<T: Cacheable, E: FromIdemError> WhenTypesHoldCompensated<T, E>
+    for super::diagnostics::Dispatch<Result<T, E>>
+{
+    fn run_step_compensated<'a, F, C, CF, U, E2>(
+        &self,
+        name: &'static str,
+        compensation: &'static str,
+        compensate: C,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>> + 'a
+    where
+        F: Future<Output = Result<T, E>> + 'a,
+        T: Send + 'static,
+        E: 'a,
+        C: FnOnce(T) -> CF + Send + 'static,
+        CF: Future<Output = Result<U, E2>> + Send + 'static,
+        U: Cacheable + Send + 'static,
+        E2: FromIdemError + Debug + Send + 'static,
+    {
+        crate::protocol::run_step_compensated(name, compensation, compensate, body)
+    }
+}
+
+struct NeverInstantiated<T: ?Sized>(std::marker::PhantomData<T>);
+
+impl<T: ?Sized> NeverInstantiated<T> {
+    const ERROR: () = panic!(
+        "idem: the compensated step fell back to `AfterTypeErrorCompensated` in a crate with no type error; please report this as a bug in idem"
+    );
+}
+
+/// The fallback after a type error was reported (see `diagnostics`).
+pub trait AfterTypeErrorCompensated {
+    fn run_step_compensated<'a, F, C>(
+        &self,
+        _: &'static str,
+        _: &'static str,
+        _: C,
+        _: F,
+    ) -> impl Future<Output = F::Output> + 'a
+    where
+        F: Future + 'a,
+    {
+        #[allow(clippy::let_unit_value)]
+        let () = NeverInstantiated::<F>::ERROR;
+        async { unreachable!("AfterTypeErrorCompensated is never instantiated") }
+    }
+}
+
+impl<R> AfterTypeErrorCompensated for &super::diagnostics::Dispatch<R> {}

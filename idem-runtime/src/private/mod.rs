@@ -1,0 +1,53 @@
+//! The layer macro expansions call into, above the protocol: the autoref
+//! dispatch that reports a type error on the user's tokens (`diagnostics.rs`),
+//! the compensated step's checks (`compensate.rs`), and the thin functions
+//! the generated code names. Reached only as `idem_runtime::__private`; not
+//! a public API, it changes without notice.
+
+mod compensate;
+pub(crate) mod diagnostics;
+
+pub use crate::key::{FingerprintBuilder, Key, KeyBuilder};
+pub use crate::protocol::{Cacheable, FromIdemError, StorableError};
+pub use crate::spec::{Kind, Spec};
+pub use crate::store::{AsStore, StoreRef};
+pub use compensate::{
+    AfterTypeErrorCompensated, WhenTypesHoldCompensated, compensation_receiver, compensation_result,
+};
+pub use core::option::Option::{None, Some};
+pub use core::time::Duration;
+pub use diagnostics::{
+    AfterTypeError, CacheableSerialize, Dispatch, ErrProbe, IdemResult, OkProbe, SerializeHolds,
+    SerializeMissing, StorableErrorSerialize, WhenTypesHold, WhenTypesHoldKeepingFinal,
+    assert_error_type, assert_result, assert_result_keeping_final, assert_serializable,
+    assert_storable_error,
+};
+
+use crate::key::{Fingerprint, KeyPart};
+
+#[inline]
+pub fn key_builder(scope: &str) -> KeyBuilder {
+    Key::builder(scope)
+}
+
+#[inline]
+pub fn fingerprint_builder() -> FingerprintBuilder {
+    Fingerprint::builder()
+}
+
+// A free function rather than a method call, so an unsupported segment type is
+// reported as `KeyPart` unimplemented on the segment itself.
+#[inline]
+pub fn key_part<P: KeyPart + ?Sized>(builder: &mut KeyBuilder, part: &P) {
+    builder.push(part);
+}
+
+#[inline]
+pub fn fingerprint_part<P: KeyPart + ?Sized>(builder: &mut FingerprintBuilder, part: &P) {
+    builder.push(part);
+}
+
+#[inline]
+pub fn store_of<S: AsStore + ?Sized>(store: &S) -> StoreRef {
+    store.as_store()
+}
