@@ -93,11 +93,12 @@ mod axum_handlers {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
+    use axum::Extension;
     use axum::extract::{Path, State};
     use axum::response::{IntoResponse, Response};
     use axum::routing::post;
     use axum::{Json, Router};
-    use idem_runtime::http::{IdempotencyKey, ReplayedHeaderLayer};
+    use idem_runtime::http::{IdempotencyKey, KeyCaller, ReplayedHeaderLayer};
     use idem_runtime::idempotent;
     use idem_runtime::store::memory::MemoryStore;
     use reqwest::StatusCode;
@@ -168,6 +169,8 @@ mod axum_handlers {
         let app = Router::new()
             .route("/accounts/{account}/transfers", post(transfer))
             .layer(ReplayedHeaderLayer)
+            // One caller for the whole test: the account in the path scopes the key.
+            .layer(Extension(KeyCaller::new(|_| Some(String::new()))))
             .with_state(bank.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!(
@@ -205,5 +208,112 @@ mod axum_handlers {
             assert_eq!(r.headers()["content-type"], "application/problem+json");
         }
         assert_eq!(bank.runs.load(SeqCst), 1);
+    }
+
+    /// The header key alone: the extractor's caller is what scopes it.
+    #[idempotent(key = "key", store = bank.store)]
+    async fn tip(
+        State(bank): State<Arc<Bank>>,
+        key: IdempotencyKey,
+    ) -> Result<Json<Receipt>, AppError> {
+        let run = bank.runs.fetch_add(1, SeqCst) + 1;
+        Ok(Json(Receipt { run, cents: 1 }))
+    }
+
+    fn bank() -> Arc<Bank> {
+        Arc::new(Bank {
+            store: MemoryStore::new(),
+            runs: AtomicUsize::new(0),
+        })
+    }
+
+    async fn serve_app(app: Router) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        format!("http://{addr}")
+    }
+
+    /// The caller is the `X-Tenant` header.
+    fn by_tenant() -> Extension<KeyCaller> {
+        Extension(KeyCaller::new(|p| {
+            p.headers.get("x-tenant")?.to_str().ok().map(str::to_owned)
+        }))
+    }
+
+    /// `/tips` with the caller read from `X-Tenant`.
+    fn tips_by_tenant(bank: Arc<Bank>) -> Router {
+        Router::new()
+            .route("/tips", post(tip))
+            .layer(ReplayedHeaderLayer)
+            .layer(by_tenant())
+            .with_state(bank)
+    }
+
+    async fn tip_as(c: &reqwest::Client, base: &str, tenant: &str, key: &str) -> reqwest::Response {
+        c.post(format!("{base}/tips"))
+            .header("x-tenant", tenant)
+            .header("idempotency-key", key)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_header_key_never_crosses_tenants_on_the_attribute_path() {
+        let bank = bank();
+        let base = serve_app(tips_by_tenant(bank.clone())).await;
+        let c = reqwest::Client::new();
+        let a = tip_as(&c, &base, "tenant-a", "shared-1").await;
+        assert_eq!(a.status(), StatusCode::OK);
+        let a: Receipt = a.json().await.unwrap();
+        let b = tip_as(&c, &base, "tenant-b", "shared-1").await;
+        assert_eq!(b.status(), StatusCode::OK);
+        assert!(
+            b.headers().get("idempotent-replayed").is_none(),
+            "tenant B got tenant A's response"
+        );
+        let b: Receipt = b.json().await.unwrap();
+        assert_ne!(a, b);
+        let a_again = tip_as(&c, &base, "tenant-a", "shared-1").await;
+        assert_eq!(a_again.headers()["idempotent-replayed"], "true");
+        assert_eq!(a_again.json::<Receipt>().await.unwrap(), a);
+        assert_eq!(bank.runs.load(SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn the_key_extractor_refuses_to_run_unscoped_or_with_two_keys() {
+        let bank = bank();
+        // No caller set on the router: the key could not be scoped.
+        let unscoped = Router::new()
+            .route("/tips", post(tip))
+            .with_state(bank.clone());
+        let base = serve_app(unscoped).await;
+        let c = reqwest::Client::new();
+        let r = tip_as(&c, &base, "tenant-a", "k-1").await;
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(r.headers()["content-type"], "application/problem+json");
+        assert_eq!(bank.runs.load(SeqCst), 0);
+
+        let base = serve_app(tips_by_tenant(bank.clone())).await;
+        let r = c
+            .post(format!("{base}/tips"))
+            .header("x-tenant", "tenant-a")
+            .header("idempotency-key", "k-1")
+            .header("idempotency-key", "k-2")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(r.headers()["content-type"], "application/problem+json");
+        // A request the caller function cannot place is refused too.
+        let r = c
+            .post(format!("{base}/tips"))
+            .header("idempotency-key", "k-1")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(bank.runs.load(SeqCst), 0);
     }
 }

@@ -19,14 +19,16 @@ struct Counter {
     runs: AtomicUsize,
 }
 
-/// Echoes the body with a run number; `status` and `sleep_ms` in the query
-/// pick the answer and how long it takes.
+/// Echoes the body with a run number; `status`, `sleep_ms` and `pad` (that
+/// many spaces after the JSON) in the query pick the answer, how long it
+/// takes and how large it is; with `panic` it panics.
 async fn handler(
     State(c): State<Arc<Counter>>,
     axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
     body: String,
 ) -> (StatusCode, HeaderMap, String) {
     let n = c.runs.fetch_add(1, SeqCst) + 1;
+    assert!(!q.contains_key("panic"), "the handler panics, as asked");
     if let Some(ms) = q.get("sleep_ms") {
         tokio::time::sleep(Duration::from_millis(ms.parse().unwrap())).await;
     }
@@ -37,7 +39,12 @@ async fn handler(
     headers.insert("content-type", "application/json".parse().unwrap());
     headers.insert("location", format!("/things/{n}").parse().unwrap());
     headers.insert("x-not-kept", "1".parse().unwrap());
-    (status, headers, format!(r#"{{"run":{n},"body":{body:?}}}"#))
+    let pad = " ".repeat(q.get("pad").map_or(0, |p| p.parse().unwrap()));
+    (
+        status,
+        headers,
+        format!(r#"{{"run":{n},"body":{body:?}}}{pad}"#),
+    )
 }
 
 fn layer(store: StoreRef) -> IdempotencyLayer {
@@ -407,4 +414,315 @@ async fn stored_statuses_and_methods_are_configurable() {
     assert_eq!(counter.runs.load(SeqCst), 3, "404 is not stored here");
     // GET passes through untouched.
     assert_eq!(c.get(&url).send().await.unwrap().status(), 201);
+}
+
+/// Serves `app` on loopback; the base URL.
+async fn serve_app(app: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}")
+}
+
+/// `{"ok":true}` gzipped (mtime 0), as a handler that encodes its own body sends it.
+const GZIPPED: &[u8] = &[
+    0x1f, 0x8b, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00, 0x02, 0x03, 0xab, 0x56, 0xca, 0xcf, 0x56, 0xb2,
+    0x2a, 0x29, 0x2a, 0x4d, 0xad, 0x05, 0x00, 0x90, 0x5f, 0xd4, 0xa7, 0x0b, 0x00, 0x00, 0x00,
+];
+
+/// A handler that answers with a session cookie, a request id and a gzip body.
+async fn with_cookie_and_gzip(State(c): State<Arc<Counter>>) -> (StatusCode, HeaderMap, Vec<u8>) {
+    let n = c.runs.fetch_add(1, SeqCst) + 1;
+    let mut h = HeaderMap::new();
+    h.insert("content-type", "application/json".parse().unwrap());
+    h.insert("content-encoding", "gzip".parse().unwrap());
+    h.insert("vary", "accept-encoding".parse().unwrap());
+    h.insert(
+        "set-cookie",
+        format!("session=s{n}; HttpOnly").parse().unwrap(),
+    );
+    h.insert("x-request-id", format!("req-{n}").parse().unwrap());
+    (StatusCode::CREATED, h, GZIPPED.to_vec())
+}
+
+fn cookie_app(layer: IdempotencyLayer) -> (Router, Arc<Counter>) {
+    let counter = Arc::new(Counter::default());
+    let app = Router::new()
+        .route("/login", post(with_cookie_and_gzip))
+        .layer(layer)
+        .with_state(counter.clone());
+    (app, counter)
+}
+
+#[tokio::test]
+async fn the_first_response_is_the_handlers_own_and_a_replay_is_labelled_like_it() {
+    let (app, counter) = cookie_app(layer(StoreRef::new(MemoryStore::new())));
+    let url = format!("{}/login", serve_app(app).await);
+    let c = reqwest::Client::new();
+    let k = key();
+    let first = post_with(&c, &url, "t1", Some(&k), "{}").await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let h = first.headers();
+    assert_eq!(h["set-cookie"], "session=s1; HttpOnly", "{h:?}");
+    assert_eq!(h["x-request-id"], "req-1", "{h:?}");
+    assert_eq!(h["content-encoding"], "gzip", "{h:?}");
+    assert_eq!(h["vary"], "accept-encoding", "{h:?}");
+    assert_eq!(h["content-type"], "application/json");
+    assert!(h.get("idempotent-replayed").is_none());
+    assert_eq!(first.bytes().await.unwrap(), GZIPPED);
+
+    let again = post_with(&c, &url, "t1", Some(&k), "{}").await;
+    assert_eq!(again.status(), StatusCode::CREATED);
+    let h = again.headers();
+    assert_eq!(h["idempotent-replayed"], "true");
+    assert_eq!(
+        h["content-encoding"], "gzip",
+        "a replay is labelled as encoded: {h:?}"
+    );
+    assert_eq!(h["vary"], "accept-encoding", "{h:?}");
+    assert_eq!(h["content-type"], "application/json");
+    assert!(
+        h.get("set-cookie").is_none(),
+        "a replay never sets a cookie: {h:?}"
+    );
+    assert_eq!(again.bytes().await.unwrap(), GZIPPED);
+    assert_eq!(counter.runs.load(SeqCst), 1);
+}
+
+#[tokio::test]
+async fn set_cookie_is_never_replayed_even_when_named_in_store_headers() {
+    let (app, counter) = cookie_app(
+        layer(StoreRef::new(MemoryStore::new()))
+            .store_headers([axum::http::header::SET_COOKIE, axum::http::header::LOCATION]),
+    );
+    let url = format!("{}/login", serve_app(app).await);
+    let c = reqwest::Client::new();
+    let k = key();
+    assert_eq!(
+        post_with(&c, &url, "t1", Some(&k), "{}").await.status(),
+        201
+    );
+    let again = post_with(&c, &url, "t1", Some(&k), "{}").await;
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert!(
+        again.headers().get("set-cookie").is_none(),
+        "{:?}",
+        again.headers()
+    );
+    assert_eq!(counter.runs.load(SeqCst), 1);
+}
+
+#[tokio::test]
+async fn the_same_key_on_two_nested_mounts_is_two_requests() {
+    let counter = Arc::new(Counter::default());
+    let orders = Router::new()
+        .route("/orders", post(handler))
+        .layer(layer(StoreRef::new(MemoryStore::new())))
+        .with_state(counter.clone());
+    let app = Router::new()
+        .nest("/eu", orders.clone())
+        .nest("/us", orders);
+    let base = serve_app(app).await;
+    let c = reqwest::Client::new();
+    let k = key();
+    let us = post_with(&c, &format!("{base}/us/orders"), "t1", Some(&k), "same").await;
+    assert_eq!(us.status(), StatusCode::CREATED);
+    let eu = post_with(&c, &format!("{base}/eu/orders"), "t1", Some(&k), "same").await;
+    assert!(
+        eu.headers().get("idempotent-replayed").is_none(),
+        "/eu/orders replayed /us/orders' response"
+    );
+    assert_eq!(eu.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(is_problem(&eu));
+    // Each mount still replays its own.
+    let us_again = post_with(&c, &format!("{base}/us/orders"), "t1", Some(&k), "same").await;
+    assert_eq!(us_again.headers()["idempotent-replayed"], "true");
+    assert_eq!(counter.runs.load(SeqCst), 1);
+}
+
+/// Server-sent events: one event, then nothing, forever.
+async fn one_event_then_silence(
+    State(c): State<Arc<Counter>>,
+) -> axum::response::sse::Sse<
+    impl futures_util::Stream<Item = Result<axum::response::sse::Event, std::convert::Infallible>>,
+> {
+    use futures_util::StreamExt;
+    let n = c.runs.fetch_add(1, SeqCst) + 1;
+    let first = futures_util::stream::once(async move {
+        Ok(axum::response::sse::Event::default().data(format!("run {n}")))
+    });
+    axum::response::sse::Sse::new(first.chain(futures_util::stream::pending()))
+}
+
+#[tokio::test]
+async fn a_streaming_response_is_sent_at_once_and_does_not_hold_the_key() {
+    let counter = Arc::new(Counter::default());
+    let app = Router::new()
+        .route("/events", post(one_event_then_silence))
+        .layer(layer(StoreRef::new(MemoryStore::new())).lease(Duration::from_secs(1)))
+        .with_state(counter.clone());
+    let url = format!("{}/events", serve_app(app).await);
+    let c = reqwest::Client::new();
+    let k = key();
+    let first_chunk = |k: String| {
+        let (c, url) = (c.clone(), url.clone());
+        async move {
+            let limit = Duration::from_secs(5);
+            let mut r = tokio::time::timeout(limit, post_with(&c, &url, "t1", Some(&k), "{}"))
+                .await
+                .expect("no response within 5 s: the layer held the stream back");
+            let status = r.status();
+            let chunk = tokio::time::timeout(limit, r.chunk())
+                .await
+                .expect("no first chunk within 5 s")
+                .unwrap();
+            // The response stays open: the stream is still running.
+            (status, chunk, r)
+        }
+    };
+    let (status, chunk, _open) = first_chunk(k.clone()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(chunk.unwrap(), "data: run 1\n\n");
+    // Several leases later, the first stream still open: the key is not
+    // PROCESSING (that would be a 409); the retry runs and streams too.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (status, chunk, _open2) = first_chunk(k).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(chunk.unwrap(), "data: run 2\n\n");
+    assert_eq!(counter.runs.load(SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_response_over_the_default_cap_passes_through_and_releases_the_key() {
+    let (url, counter) = serve(layer(StoreRef::new(MemoryStore::new()))).await;
+    let c = reqwest::Client::new();
+    let k = key();
+    // 2 MiB: over the default cap of a stored response.
+    let url = format!("{url}?pad={}", 2 * 1024 * 1024);
+    let first = post_with(&c, &url, "t1", Some(&k), "a").await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert!(first.bytes().await.unwrap().len() > 2 * 1024 * 1024);
+    let again = post_with(&c, &url, "t1", Some(&k), "a").await;
+    assert_eq!(again.status(), StatusCode::CREATED, "{:?}", again.headers());
+    assert!(again.headers().get("idempotent-replayed").is_none());
+    assert!(again.bytes().await.unwrap().len() > 2 * 1024 * 1024);
+    assert_eq!(counter.runs.load(SeqCst), 2, "unrecorded, so the retry ran");
+}
+
+#[tokio::test]
+async fn the_stored_response_cap_is_configurable() {
+    let (url, counter) =
+        serve(layer(StoreRef::new(MemoryStore::new())).max_response_bytes(1024)).await;
+    let c = reqwest::Client::new();
+    let (big, small) = (format!("{url}?pad=2000"), format!("{url}?pad=10"));
+    let k = key();
+    for _ in 0..2 {
+        let r = post_with(&c, &big, "t1", Some(&k), "a").await;
+        assert_eq!(r.status(), StatusCode::CREATED);
+        assert!(r.headers().get("idempotent-replayed").is_none());
+    }
+    assert_eq!(counter.runs.load(SeqCst), 2, "over the cap: not stored");
+    let k = key();
+    assert_eq!(
+        post_with(&c, &small, "t1", Some(&k), "a").await.status(),
+        201
+    );
+    let again = post_with(&c, &small, "t1", Some(&k), "a").await;
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(counter.runs.load(SeqCst), 3);
+}
+
+#[tokio::test]
+async fn two_different_keys_on_one_request_are_400_and_two_equal_ones_are_one_key() {
+    let (url, counter) = serve(layer(StoreRef::new(MemoryStore::new()))).await;
+    let c = reqwest::Client::new();
+    let two = |a: String, b: String| {
+        c.post(&url)
+            .header("x-tenant", "t1")
+            .header("idempotency-key", a)
+            .header("idempotency-key", b)
+            .body("a")
+            .send()
+    };
+    let (k1, k2) = (key(), format!("{}-other", key()));
+    let r = two(k1.clone(), k2.clone()).await.unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert!(is_problem(&r));
+    assert_eq!(counter.runs.load(SeqCst), 0);
+
+    // The same key twice (a proxy that adds it again) names one key; its
+    // quoted form is the same key too.
+    let r = two(k1.clone(), format!("\"{k1}\"")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let again = post_with(&c, &url, "t1", Some(&k1), "a").await;
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(counter.runs.load(SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_dropped_request_holds_the_key_until_its_lease_ends_then_a_retry_runs() {
+    let (url, counter) =
+        serve(layer(StoreRef::new(MemoryStore::new())).lease(Duration::from_millis(1500))).await;
+    let k = key();
+    let slow = format!("{url}?sleep_ms=2500");
+    // The client gives up and closes its connection; hyper drops the
+    // request's future, handler and heartbeat with it.
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let dropped = impatient
+        .post(&slow)
+        .header("x-tenant", "t1")
+        .header("idempotency-key", &k)
+        .body("a")
+        .send()
+        .await;
+    assert!(dropped.unwrap_err().is_timeout());
+    let c = reqwest::Client::new();
+    let soon = post_with(&c, &slow, "t1", Some(&k), "a").await;
+    assert_eq!(soon.status(), StatusCode::CONFLICT, "still PROCESSING");
+    // Past the lease, before the dropped handler would have finished: had it
+    // kept running, its heartbeat would still hold the key (409).
+    tokio::time::sleep(Duration::from_millis(1700)).await;
+    let later = post_with(&c, &slow, "t1", Some(&k), "a").await;
+    assert_eq!(
+        later.status(),
+        StatusCode::CREATED,
+        "the lease ended: taken over"
+    );
+    assert!(later.headers().get("idempotent-replayed").is_none());
+    assert_eq!(counter.runs.load(SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_panicking_handler_holds_the_key_until_its_lease_ends() {
+    let (url, counter) =
+        serve(layer(StoreRef::new(MemoryStore::new())).lease(Duration::from_millis(1000))).await;
+    let c = reqwest::Client::new();
+    let k = key();
+    let panics = format!("{url}?panic=1");
+    // The panic ends the connection's task: no response at all.
+    let r = c
+        .post(&panics)
+        .header("x-tenant", "t1")
+        .header("idempotency-key", &k)
+        .body("a")
+        .send()
+        .await;
+    assert!(r.is_err(), "{r:?}");
+    let soon = post_with(&c, &panics, "t1", Some(&k), "a").await;
+    assert_eq!(soon.status(), StatusCode::CONFLICT, "still PROCESSING");
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(
+        c.post(&panics)
+            .header("x-tenant", "t1")
+            .header("idempotency-key", &k)
+            .body("a")
+            .send()
+            .await
+            .is_err(),
+        "the lease ended: the retry ran the handler again"
+    );
+    assert_eq!(counter.runs.load(SeqCst), 2);
 }

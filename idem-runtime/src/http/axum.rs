@@ -1,6 +1,7 @@
 //! axum: the response types handlers return as stored forms, `IntoResponse`
 //! for idem's errors, and an `Idempotency-Key` extractor.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
@@ -17,7 +18,7 @@ use crate::key::{KeyEncoder, KeyPart};
 use crate::protocol::StoredForm;
 
 use super::key::KeyRules;
-use super::problem::{for_error, problem};
+use super::problem::{NO_CALLER, for_error, problem};
 
 /// The [`StoredForm`] marker of axum's response types: `Json<T>` is stored as
 /// the JSON of `T`, `(StatusCode, Json<T>)` as the status and that JSON. So
@@ -115,30 +116,111 @@ impl IntoResponse for Error {
     }
 }
 
-/// The request's `Idempotency-Key`, validated; a missing or malformed key is
-/// 400 in `application/problem+json`.
+/// Who sends a request, for [`IdempotencyKey`]: a tenant, an API key, a
+/// user, read from the request parts. Set it once on the router as an
+/// `axum::Extension`; the extractor requires it, and scopes every key to its
+/// value, so tenant B sending tenant A's key value never replays A's response.
 ///
-/// The rules are [`KeyRules`] from the request's extensions when a layer put
-/// them there (`axum::Extension(rules)`), the defaults otherwise. Use it as a
-/// key segment, scoped to the caller:
+/// The function is the one [`IdempotencyLayer::caller`] takes: `None` means
+/// the request cannot be placed, and is 400. An application with one caller
+/// says so with `KeyCaller::new(|_| Some(String::new()))`.
 ///
 /// ```
-/// use axum::{Json, http::HeaderMap};
-/// use idem_runtime::{http::IdempotencyKey, idempotent};
+/// use axum::{Extension, Router, routing::post};
+/// use idem_runtime::http::KeyCaller;
+///
+/// # async fn pay() {}
+/// let app: Router = Router::new().route("/pay", post(pay)).layer(Extension(KeyCaller::new(
+///     |parts| parts.headers.get("x-tenant")?.to_str().ok().map(str::to_owned),
+/// )));
+/// ```
+///
+/// [`IdempotencyLayer::caller`]: super::IdempotencyLayer::caller
+#[derive(Clone)]
+pub struct KeyCaller(Arc<CallerFn>);
+
+type CallerFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
+
+impl KeyCaller {
+    /// The caller named by `f` from the request parts.
+    pub fn new(f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
+        KeyCaller(Arc::new(f))
+    }
+}
+
+impl std::fmt::Debug for KeyCaller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyCaller").finish_non_exhaustive()
+    }
+}
+
+/// The request's `Idempotency-Key`, validated, and the caller it belongs to.
+///
+/// The caller comes from the [`KeyCaller`] set on the router, which is
+/// required: without it the extractor answers 500 (the server could not keep
+/// one caller's keys from another's), and a request whose caller it cannot
+/// name is 400. A missing or malformed key, or several different keys, is
+/// 400. All are `application/problem+json`.
+///
+/// As a key segment it stands for the caller and the key together, so
+/// `key = "key"` is already scoped to the caller. The rules are [`KeyRules`]
+/// from the request's extensions when a layer put them there
+/// (`axum::Extension(rules)`), the defaults otherwise.
+///
+/// ```
+/// use axum::{Extension, Json, Router, routing::post};
+/// use idem_runtime::{http::{IdempotencyKey, KeyCaller}, idempotent};
 ///
 /// # #[derive(Debug)] struct AppError;
 /// # impl From<idem_runtime::Error> for AppError { fn from(_: idem_runtime::Error) -> Self { AppError } }
-/// #[idempotent(key = "tenant|key")]
-/// async fn pay(key: IdempotencyKey, tenant: String) -> Result<Json<u64>, AppError> {
+/// # impl axum::response::IntoResponse for AppError {
+/// #     fn into_response(self) -> axum::response::Response { unreachable!() }
+/// # }
+/// #[idempotent(key = "key")]
+/// async fn pay(key: IdempotencyKey) -> Result<Json<u64>, AppError> {
 ///     Ok(Json(7))
 /// }
+///
+/// let app: Router = Router::new().route("/pay", post(pay)).layer(Extension(KeyCaller::new(
+///     |parts| parts.headers.get("x-tenant")?.to_str().ok().map(str::to_owned),
+/// )));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IdempotencyKey(pub String);
+pub struct IdempotencyKey {
+    caller: String,
+    key: String,
+}
+
+impl IdempotencyKey {
+    /// The key `key` of `caller`, as the extractor would make it.
+    ///
+    /// ```
+    /// let k = idem_runtime::http::IdempotencyKey::new("acme", "8e03978e");
+    /// assert_eq!((k.caller(), k.key()), ("acme", "8e03978e"));
+    /// ```
+    pub fn new(caller: impl Into<String>, key: impl Into<String>) -> Self {
+        IdempotencyKey {
+            caller: caller.into(),
+            key: key.into(),
+        }
+    }
+
+    /// The client's key, as sent (unquoted).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Who sent it, as [`KeyCaller`] named them.
+    pub fn caller(&self) -> &str {
+        &self.caller
+    }
+}
 
 impl KeyPart for IdempotencyKey {
     fn encode_key(&self, enc: &mut KeyEncoder) {
-        self.0.encode_key(enc);
+        enc.write_seq_len(2);
+        self.caller.encode_key(enc);
+        self.key.encode_key(enc);
     }
 }
 
@@ -146,16 +228,27 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let reject = |status, detail: &str| problem(status, detail).map(axum::body::Body::new);
+        let Some(caller_of) = parts.extensions.get::<KeyCaller>().cloned() else {
+            tracing::error!(
+                "IdempotencyKey needs a KeyCaller on the router (`.layer(Extension(KeyCaller::new(...)))`) to scope keys to their caller"
+            );
+            return Err(reject(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the server cannot scope idempotency keys to their caller; the request was not processed",
+            ));
+        };
         let rules = parts
             .extensions
             .get::<KeyRules>()
             .copied()
             .unwrap_or_default();
-        rules
+        let key = rules
             .from_headers(&parts.headers)
-            .map(IdempotencyKey)
-            .map_err(|e| {
-                problem(StatusCode::BAD_REQUEST, &e.to_string()).map(axum::body::Body::new)
-            })
+            .map_err(|e| reject(StatusCode::BAD_REQUEST, &e.to_string()))?;
+        let Some(caller) = (caller_of.0)(parts) else {
+            return Err(reject(StatusCode::BAD_REQUEST, NO_CALLER));
+        };
+        Ok(IdempotencyKey { caller, key })
     }
 }

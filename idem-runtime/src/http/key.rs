@@ -56,6 +56,12 @@ pub enum KeyProblem {
         "the `Idempotency-Key` may only contain visible ASCII characters (no spaces or control characters)"
     )]
     Characters,
+    /// The request has several `Idempotency-Key` headers naming different
+    /// keys: which one the client meant cannot be told.
+    #[error(
+        "the request has several `Idempotency-Key` headers with different keys; send exactly one key"
+    )]
+    Conflicting,
 }
 
 impl KeyRules {
@@ -98,10 +104,30 @@ impl KeyRules {
     }
 
     /// The key of the request's `Idempotency-Key` header.
+    ///
+    /// Several headers that name the same key (a proxy that added it again,
+    /// one of them quoted) are that key; several that name different keys are
+    /// [`KeyProblem::Conflicting`], never the first one.
+    ///
+    /// ```
+    /// use http::{HeaderMap, HeaderValue};
+    /// use idem_runtime::http::{KeyProblem, KeyRules};
+    ///
+    /// let mut headers = HeaderMap::new();
+    /// headers.append("idempotency-key", HeaderValue::from_static("k-1"));
+    /// headers.append("idempotency-key", HeaderValue::from_static("\"k-1\""));
+    /// assert_eq!(KeyRules::default().from_headers(&headers).unwrap(), "k-1");
+    /// headers.append("idempotency-key", HeaderValue::from_static("k-2"));
+    /// assert_eq!(KeyRules::default().from_headers(&headers), Err(KeyProblem::Conflicting));
+    /// ```
     pub fn from_headers(&self, headers: &http::HeaderMap) -> Result<String, KeyProblem> {
-        match headers.get(super::IDEMPOTENCY_KEY) {
-            Some(v) => self.parse(v),
-            None => Err(KeyProblem::Missing),
+        let mut values = headers.get_all(super::IDEMPOTENCY_KEY).iter();
+        let key = self.parse(values.next().ok_or(KeyProblem::Missing)?)?;
+        for other in values {
+            if self.parse(other)? != key {
+                return Err(KeyProblem::Conflicting);
+            }
         }
+        Ok(key)
     }
 }

@@ -4,7 +4,6 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -19,11 +18,11 @@ use tower_service::Service;
 
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
-use crate::protocol::{self, Kind, Spec};
+use crate::protocol::{self, Kind, Spec, StoredForm};
 use crate::store::{AsStore, StoreRef};
 
 use super::key::{KeyProblem, KeyRules};
-use super::problem::{for_error, problem};
+use super::problem::{NO_CALLER, for_error, problem};
 use super::stored::StoredResponse;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -39,6 +38,7 @@ struct Config {
     rules: KeyRules,
     caller: Arc<CallerFn>,
     max_body: usize,
+    max_response: usize,
     keep_headers: Vec<HeaderName>,
     stores: Arc<StatusFn>,
     retry_min: Duration,
@@ -59,19 +59,39 @@ struct Config {
 ///    another request;
 /// 3. the body is read up to [`max_body_bytes`](Self::max_body_bytes) (a
 ///    larger one is 413, refused from its `Content-Length` when it has one,
-///    and never buffered past the limit), and the method, path (with query)
-///    and body make the request's fingerprint;
-/// 4. the first request with the key runs the service; its response (status,
-///    the [headers kept](Self::store_headers), body) is stored if its status
-///    is [one to store](Self::store_status) (2xx and 4xx except 408, 409 and
-///    429 by default); any other status releases the key, so a retry runs;
-/// 5. a retry gets the stored response again, byte for byte, with
-///    `Idempotent-Replayed: true`; a retry with another fingerprint is 422; a
-///    retry while the first request still runs is 409 with `Retry-After` (or
-///    waits up to [`wait`](Self::wait) for its result).
+///    and never buffered past the limit), and the method, the path as the
+///    client sent it (with query; under axum the [`OriginalUri`], so a router
+///    nested at `/eu` and at `/us` sees two paths) and the body make the
+///    request's fingerprint;
+/// 4. the first request with the key runs the service, and gets the
+///    service's own response: status, every header, body bytes;
+/// 5. that response is stored if its status is [one to
+///    store](Self::store_status) (2xx and 4xx except 408, 409 and 429 by
+///    default) and its body's length is known before it is sent and at most
+///    [`max_response_bytes`](Self::max_response_bytes); any other response
+///    (a 5xx, a stream such as server-sent events, an over-limit body) is
+///    sent at once as it is, unrecorded, and the key is released, so a
+///    retry runs the service again;
+/// 6. a retry gets the stored response again, byte for byte, with
+///    `Idempotent-Replayed: true`: its status, the headers that say how to
+///    read the body (`Content-Type`, `Content-Encoding`, `Vary`), the
+///    [headers kept](Self::store_headers) and the body. A replay never carries
+///    `Set-Cookie` (a session or token minted for the first exchange), nor
+///    the connection's or exchange's own headers (`Connection`,
+///    `Transfer-Encoding`, `Content-Length`, `Date`…), even when named. A
+///    retry with another fingerprint is 422; a retry while the first request
+///    still runs is 409 with `Retry-After` (or waits up to [`wait`](Self::wait)
+///    for its result).
 ///
 /// Errors are `application/problem+json`. A store failure is 503 and the
 /// request does not run.
+///
+/// A handler that compresses its own body has the encoded bytes stored and
+/// replayed with their `Content-Encoding`, whatever the retry's
+/// `Accept-Encoding`; put a compression layer outside this one instead, so
+/// each replay is encoded for its own client.
+///
+/// [`OriginalUri`]: https://docs.rs/axum/0.8/axum/extract/struct.OriginalUri.html
 ///
 /// The wrapped service gets the buffered body back through `From<Bytes>`
 /// (axum's `Body` and `Full<Bytes>` have it; wrap hyper's `Incoming` first,
@@ -97,6 +117,12 @@ impl fmt::Debug for IdempotencyLayer {
     }
 }
 
+/// Half the stores' default cap on a stored result (1 MiB): the stored form
+/// escapes JSON text, so a text body at the limit still fits. (A binary body
+/// is written in hex, twice its size; a stored form over the store's cap is
+/// passed through like an over-limit body.)
+const DEFAULT_MAX_RESPONSE: usize = 512 * 1024;
+
 /// By default every 2xx and 4xx is stored except 408 (the client may send it
 /// again), 409 (a conflict that may clear) and 429 (rate limited); 5xx and
 /// the rest release the key, so the retry runs.
@@ -107,9 +133,10 @@ fn default_stores(status: StatusCode) -> bool {
 impl IdempotencyLayer {
     /// A layer with the defaults: the installed store ([`crate::install`]),
     /// scope `"http"`, POST and PATCH, key required, one caller for all
-    /// requests, 1 MiB bodies, `Content-Type`, `Location`, `Content-Location`
-    /// and `ETag` kept, ttl 24 h, lease 30 s, no waiting, `Retry-After`
-    /// between 1 and 10 s.
+    /// requests, 1 MiB request bodies, 512 KiB stored responses, `Location`,
+    /// `Content-Location` and `ETag` kept besides the headers that describe
+    /// the body, ttl 24 h, lease 30 s, no waiting, `Retry-After` between 1
+    /// and 10 s.
     pub fn new() -> Self {
         IdempotencyLayer {
             config: Arc::new(Config {
@@ -120,12 +147,8 @@ impl IdempotencyLayer {
                 rules: KeyRules::default(),
                 caller: Arc::new(|_| Some(String::new())),
                 max_body: 1024 * 1024,
-                keep_headers: vec![
-                    header::CONTENT_TYPE,
-                    header::LOCATION,
-                    header::CONTENT_LOCATION,
-                    header::ETAG,
-                ],
+                max_response: DEFAULT_MAX_RESPONSE,
+                keep_headers: vec![header::LOCATION, header::CONTENT_LOCATION, header::ETAG],
                 stores: Arc::new(default_stores),
                 retry_min: Duration::from_secs(1),
                 retry_max: Duration::from_secs(10),
@@ -145,6 +168,7 @@ impl IdempotencyLayer {
                 rules: shared.rules,
                 caller: shared.caller.clone(),
                 max_body: shared.max_body,
+                max_response: shared.max_response,
                 keep_headers: shared.keep_headers.clone(),
                 stores: shared.stores.clone(),
                 retry_min: shared.retry_min,
@@ -217,10 +241,39 @@ impl IdempotencyLayer {
         self.with(|c| c.max_body = limit)
     }
 
-    /// The response headers stored and replayed besides status and body.
+    /// The response headers stored and replayed besides status, body and the
+    /// headers that describe the body (`Content-Type`, `Content-Encoding`,
+    /// `Vary`, always stored). `Set-Cookie` and the connection's and
+    /// exchange's own headers are never stored, even when named here.
+    ///
+    /// ```
+    /// use http::header;
+    /// use idem_runtime::http::IdempotencyLayer;
+    ///
+    /// let layer = IdempotencyLayer::new()
+    ///     .store_headers([header::LOCATION, header::ETAG, header::CACHE_CONTROL]);
+    /// ```
     pub fn store_headers(self, names: impl IntoIterator<Item = HeaderName>) -> Self {
         let names = names.into_iter().collect();
         self.with(|c| c.keep_headers = names)
+    }
+
+    /// The largest response body stored for replays (default 512 KiB).
+    ///
+    /// Only a body whose length is known before it is sent (axum's `Json`,
+    /// `String`, `Bytes`…) is read and stored. A larger one, and any body
+    /// without a known length (server-sent events, a stream, a body
+    /// compressed by a layer inside this one), is sent at once as it is,
+    /// unrecorded, and releases the key: the layer never holds a response
+    /// back, and such a request is not made idempotent (a retry runs again).
+    ///
+    /// ```
+    /// use idem_runtime::http::IdempotencyLayer;
+    ///
+    /// let layer = IdempotencyLayer::new().max_response_bytes(64 * 1024);
+    /// ```
+    pub fn max_response_bytes(self, limit: usize) -> Self {
+        self.with(|c| c.max_response = limit)
     }
 
     /// Which statuses are stored and replayed; the others release the key so
@@ -272,16 +325,46 @@ pub type ResponseFuture<B, E> =
     Pin<Box<dyn Future<Output = Result<Response<Either<Full<Bytes>, B>>, E>> + Send>>;
 
 /// Why the protocol's body did not produce a response to store.
-enum Failure<E> {
+enum Failure<E, B> {
     Idem(Error),
-    /// A response not to store (a 5xx, a 429…): sent as it is, key released.
-    Pass(Response<Full<Bytes>>),
+    /// A response not to store (a 5xx, a stream, an over-limit body…): sent
+    /// as it is, key released.
+    // Boxed: a response is large, and the `Err` side is moved through the protocol.
+    Pass(Box<Response<Either<Full<Bytes>, B>>>),
     Inner(E),
 }
 
-impl<E> From<Error> for Failure<E> {
+impl<E, B> From<Error> for Failure<E, B> {
     fn from(e: Error) -> Self {
         Failure::Idem(e)
+    }
+}
+
+/// What the protocol hands back: on the first execution the service's own
+/// response (sent as it is) beside its stored form; on a replay the stored
+/// form alone.
+enum Recorded {
+    First {
+        encoded: Vec<u8>,
+        response: Response<Full<Bytes>>,
+    },
+    Replay(StoredResponse),
+}
+
+/// The [`StoredForm`] marker of [`Recorded`]: its record is the JSON of the
+/// [`StoredResponse`], as it was when the layer stored that directly.
+enum ViaLayer {}
+
+impl StoredForm<ViaLayer> for Recorded {
+    fn to_stored(&self) -> Result<Vec<u8>, serde_json::Error> {
+        match self {
+            Recorded::First { encoded, .. } => Ok(encoded.clone()),
+            Recorded::Replay(stored) => serde_json::to_vec(stored),
+        }
+    }
+
+    fn from_stored(bytes: &[u8]) -> Result<Self, serde_json::Error> {
+        serde_json::from_slice(bytes).map(Recorded::Replay)
     }
 }
 
@@ -323,6 +406,23 @@ fn left<B>(res: Response<Full<Bytes>>) -> Response<Either<Full<Bytes>, B>> {
     res.map(Either::Left)
 }
 
+/// Sends the service's response as it is and releases the key.
+fn pass<E, B>(parts: http::response::Parts, body: B) -> Result<Recorded, Failure<E, B>> {
+    let res = Response::from_parts(parts, Either::Right(body));
+    Err(Failure::Pass(Box::new(res)))
+}
+
+/// The URI the client sent. A router nested under a prefix sees the path
+/// without it; axum keeps the full one in `OriginalUri`, so one key sent to
+/// `/eu/orders` and then to `/us/orders` is two requests, not a replay.
+fn original_uri(parts: &Parts) -> &http::Uri {
+    #[cfg(feature = "axum")]
+    if let Some(original) = parts.extensions.get::<::axum::extract::OriginalUri>() {
+        return &original.0;
+    }
+    &parts.uri
+}
+
 async fn handle<S, ReqB, ResB>(
     config: Arc<Config>,
     mut inner: S,
@@ -354,10 +454,7 @@ where
         }
     };
     let Some(caller) = (config.caller)(&parts) else {
-        return Ok(left(problem(
-            StatusCode::BAD_REQUEST,
-            "the request does not say who sends it, and idempotency keys are scoped to the caller",
-        )));
+        return Ok(left(problem(StatusCode::BAD_REQUEST, NO_CALLER)));
     };
     let too_large = || {
         left(problem(
@@ -394,63 +491,88 @@ where
         .part(caller.as_str())
         .part(idem_key.as_str())
         .finish();
-    let path = parts
-        .uri
+    let uri = original_uri(&parts);
+    let path = uri
         .path_and_query()
-        .map_or_else(|| parts.uri.path(), |pq| pq.as_str());
+        .map_or_else(|| uri.path(), |pq| pq.as_str());
     let fingerprint = Fingerprint::builder()
         .part(parts.method.as_str())
         .part(path)
         .part(&hex::encode(Sha256::digest(&bytes)))
         .finish();
+    let store = config.store.clone().or_else(crate::install::default_store);
+    // Without a store the protocol answers `NoStore` before the body runs.
+    let store_cap = store.as_ref().map_or(usize::MAX, |s| s.max_result_bytes());
 
-    let ran = AtomicBool::new(false);
     let body = async {
-        ran.store(true, Ordering::Relaxed);
         let req = Request::from_parts(parts, ReqB::from(bytes));
         let res = inner.call(req).await.map_err(Failure::Inner)?;
         let (res_parts, res_body) = res.into_parts();
-        let res_bytes = match res_body.collect().await {
+        if !(config.stores)(res_parts.status) {
+            return pass(res_parts, res_body);
+        }
+        // Only a body whose length is known up front is read before it is
+        // sent: a stream (server-sent events) may never end, and waiting for
+        // it would hold its first bytes back and keep the key PROCESSING for
+        // as long as the heartbeat renews it.
+        let length = res_body.size_hint().exact();
+        if length.is_none_or(|n| n > config.max_response as u64) {
+            tracing::warn!(
+                status = res_parts.status.as_u16(),
+                length,
+                limit = config.max_response,
+                "the response is a stream or over max_response_bytes: sent unrecorded, and the key is released"
+            );
+            return pass(res_parts, res_body);
+        }
+        // The limit again, for a body whose size hint undersells it.
+        let res_bytes = match Limited::new(res_body, config.max_response).collect().await {
             Ok(c) => c.to_bytes(),
             Err(e) => {
-                let e: BoxError = e.into();
                 tracing::warn!(error = %e, "the response body failed; releasing the key");
-                return Err(Failure::Pass(problem(
+                return Err(Failure::Pass(Box::new(left(problem(
                     StatusCode::BAD_GATEWAY,
                     "the response could not be read; retry the request with the same key",
-                )));
+                )))));
             }
         };
-        if !(config.stores)(res_parts.status) {
-            let res = Response::from_parts(res_parts, Full::new(res_bytes));
-            return Err(Failure::Pass(res));
-        }
         let stored = StoredResponse::new(
             res_parts.status,
             &res_parts.headers,
             &config.keep_headers,
             &res_bytes,
         );
-        Ok(stored)
+        let encoded = serde_json::to_vec(&stored).expect("a stored response is strings only");
+        let response = Response::from_parts(res_parts, Full::new(res_bytes));
+        if encoded.len() > store_cap {
+            // Stored, it would leave a too-large marker that answers every
+            // retry with 500: treat it as the over-limit body it is.
+            tracing::warn!(
+                size = encoded.len(),
+                limit = store_cap,
+                "the stored response would be over the store's cap: sent unrecorded, and the key is released"
+            );
+            return Err(Failure::Pass(Box::new(left(response))));
+        }
+        Ok(Recorded::First { encoded, response })
     };
-    let out = protocol::execute::<StoredResponse, Failure<S::Error>, _>(
+    let out = protocol::execute_stored::<Recorded, ViaLayer, Failure<S::Error, ResB>, _>(
         &spec,
-        config.store.clone(),
+        store,
         key,
         Some(fingerprint),
         body,
     )
     .await;
     match out {
-        Ok(stored) => {
+        Ok(Recorded::First { response, .. }) => Ok(left(response)),
+        Ok(Recorded::Replay(stored)) => {
             let mut res = stored.to_response();
-            if !ran.load(Ordering::Relaxed) {
-                res.headers_mut()
-                    .insert(super::IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-            }
+            res.headers_mut()
+                .insert(super::IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
             Ok(left(res))
         }
-        Err(Failure::Pass(res)) => Ok(left(res)),
+        Err(Failure::Pass(res)) => Ok(*res),
         Err(Failure::Inner(e)) => Err(e),
         Err(Failure::Idem(e)) => Ok(left(for_error(&e, config.retry_min, config.retry_max))),
     }

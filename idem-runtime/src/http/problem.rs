@@ -28,6 +28,10 @@ pub fn problem(status: StatusCode, detail: &str) -> Response<Full<Bytes>> {
     res
 }
 
+/// The detail of the 400 for a request whose caller cannot be named.
+pub(crate) const NO_CALLER: &str =
+    "the request does not say who sends it, and idempotency keys are scoped to the caller";
+
 /// `Retry-After` in whole seconds, rounded up, within `[min, max]`.
 pub(crate) fn retry_after_secs(
     hint: std::time::Duration,

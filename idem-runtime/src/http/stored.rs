@@ -1,9 +1,40 @@
 //! The stored form of an HTTP response: status, selected headers and body.
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Response, StatusCode};
+use http::{HeaderName, HeaderValue, Response, StatusCode, header};
 use http_body_util::Full;
 use serde::{Deserialize, Serialize};
+
+/// The headers that say how to read the body: stored with every response, so
+/// a replay of a gzip body is labelled gzip and caches see the same `Vary`.
+pub(crate) const DESCRIBE_BODY: [HeaderName; 3] =
+    [header::CONTENT_TYPE, header::CONTENT_ENCODING, header::VARY];
+
+/// Headers a replay never carries, even when named in `store_headers`.
+///
+/// `Set-Cookie` hands out state (a session, a CSRF token) meant for the one
+/// exchange that created it: replayed, whoever retries with the key would get
+/// that state again. The others belong to the connection or to the exchange
+/// (`Content-Length` is recomputed from the body, `Date` is the replay's own,
+/// `Idempotent-Replayed` is the layer's to set).
+pub(crate) fn never_replayed(name: &HeaderName) -> bool {
+    const NAMES: [&str; 13] = [
+        "set-cookie",
+        "set-cookie2",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "transfer-encoding",
+        "te",
+        "trailer",
+        "upgrade",
+        "proxy-authenticate",
+        "content-length",
+        "date",
+        super::IDEMPOTENT_REPLAYED,
+    ];
+    NAMES.contains(&name.as_str())
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct StoredResponse {
@@ -21,15 +52,23 @@ enum StoredBody {
 }
 
 impl StoredResponse {
-    /// Keeps `status`, the headers named in `keep` and `body`.
+    /// Keeps `status`, the headers that describe the body and those named in
+    /// `keep` (less the ones never replayed), and `body`.
     pub(crate) fn new(
         status: StatusCode,
         headers: &http::HeaderMap,
         keep: &[HeaderName],
         body: &Bytes,
     ) -> Self {
-        let headers = keep
-            .iter()
+        let mut names: Vec<&HeaderName> = DESCRIBE_BODY.iter().collect();
+        for name in keep {
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        let headers = names
+            .into_iter()
+            .filter(|name| !never_replayed(name))
             .flat_map(|name| headers.get_all(name).iter().map(move |v| (name, v)))
             .filter_map(|(name, v)| match v.to_str() {
                 Ok(s) => Some((name.as_str().to_owned(), s.to_owned())),
@@ -63,7 +102,10 @@ impl StoredResponse {
                 HeaderName::try_from(name.as_str()),
                 HeaderValue::try_from(value.as_str()),
             ) {
-                res.headers_mut().append(n, v);
+                // Records written before these headers were refused may hold them.
+                if !never_replayed(&n) {
+                    res.headers_mut().append(n, v);
+                }
             }
         }
         res
