@@ -1,7 +1,7 @@
-//! `examples/http_api.rs` over real loopback HTTP with reqwest: the contract
+//! `examples/http_api/http_api.rs` over real loopback HTTP with reqwest: the contract
 //! the example documents.
 
-#[path = "../examples/http_api.rs"]
+#[path = "../examples/http_api/http_api.rs"]
 mod http_api;
 
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! Run by hand (CI builds it under clippy but never runs it):
 //!
 //! ```sh
-//! cargo bench -p idem-examples --bench hot_path
+//! cargo bench -p idem-benches --bench hot_path
 //! ```
 //!
 //! - `key/3 fields`: deriving a key from three business fields (SHA-256);

@@ -6,7 +6,7 @@
 //!
 //! ```sh
 //! redis-server --port 7399 --save '' --appendonly no --daemonize yes
-//! IDEM_BENCH_REDIS_URL=redis://127.0.0.1:7399 cargo run --release --example overhead
+//! IDEM_BENCH_REDIS_URL=redis://127.0.0.1:7399 cargo run --release -p example-overhead --example overhead
 //! # knobs: IDEM_BENCH_CALLS (100000) IDEM_BENCH_CALLS_C1 (calls at c=1, default IDEM_BENCH_CALLS)
 //! #        IDEM_BENCH_ROUNDS (5)
 //! #        IDEM_BENCH_SQL_CALLS (10000) IDEM_BENCH_SQL_ROUNDS (3)
@@ -650,7 +650,7 @@ async fn redis_section(
             // protocol costs is the distance from here to `idem`.
             let r = reference.clone();
             let complete = Arc::new(redis::Script::new(include_str!(
-                "../idem-runtime/src/store/redis/complete.lua"
+                "../../idem-runtime/src/store/redis/complete.lua"
             )));
             measure(c, many, move |id| {
                 let (mut r, complete) = (r.clone(), complete.clone());

@@ -10,7 +10,7 @@
 //!   handlers return.
 //! - `GET /orders`: every order created, for every tenant.
 //!
-//! Run: `cargo run --example http_api` (127.0.0.1:3000, or `$PORT`), then
+//! Run: `cargo run -p example-http-api --example http_api` (127.0.0.1:3000, or `$PORT`), then
 //!
 //! ```text
 //! curl -i localhost:3000/orders -H 'Idempotency-Key: 8e03978e' -H 'X-Tenant: acme' \

@@ -10,7 +10,7 @@
 //! (`tx = tx`), so a kill between the two cannot happen: that is what makes
 //! the effect exactly-once rather than at-least-once.
 //!
-//! Run: `cargo run --example consumer`
+//! Run: `cargo run -p example-consumer --example consumer`
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode};
