@@ -552,12 +552,13 @@ struct Supervisor {
     prefix: String,
     started: u32,
     current: Option<Consumer>,
-    /// The orders inside whose body a process was SIGKILLed, in order.
+    /// The orders at whose crash point a process was SIGKILLed, in order.
     killed: Vec<String>,
     /// Processes that ended on their own, with their status and stderr.
     died: Vec<String>,
     /// What the processes said, for failure messages.
     log: Vec<String>,
+    /// The log's times count from here.
     since: Instant,
 }
 
@@ -620,8 +621,8 @@ impl Supervisor {
         });
     }
 
-    /// SIGKILLs the process that reports standing inside a `crash-*` body,
-    /// and replaces a process that is gone.
+    /// SIGKILLs the process that reports standing at a crash point (`at
+    /// <order>`), and replaces a process that is gone.
     fn tend(&mut self) {
         let c = self.current.as_mut().expect("a consumer runs");
         while let Ok(line) = c.lines.try_recv() {
