@@ -75,13 +75,16 @@ impl Broker for Nats {
         .unwrap()
     }
 
-    async fn parked(&self) -> Vec<String> {
+    async fn parked(&self) -> Vec<(Vec<u8>, String)> {
         let mut parked = self
             .js
             .get_stream(format!("{}_PARKED", self.stream))
             .await
             .unwrap();
         let n = parked.info().await.unwrap().state.messages;
+        if n == 0 {
+            return Vec::new();
+        }
         let consumer: jetstream::consumer::PullConsumer = parked
             .create_consumer(jetstream::consumer::pull::Config::default())
             .await
@@ -95,13 +98,13 @@ impl Broker for Nats {
         let mut reasons = Vec::new();
         while let Some(m) = batch.next().await {
             let m = m.unwrap();
-            reasons.push(
-                m.headers
-                    .as_ref()
-                    .and_then(|h| h.get("Idem-Reason"))
-                    .map(|v| v.to_string())
-                    .unwrap_or_default(),
-            );
+            let reason = m
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("Idem-Reason"))
+                .map(|v| v.to_string())
+                .unwrap_or_default();
+            reasons.push((m.payload.to_vec(), reason));
         }
         reasons
     }
@@ -110,6 +113,14 @@ impl Broker for Nats {
         let stream = self.js.get_stream(&self.stream).await.unwrap();
         let info = stream.consumer_info("settlement").await.unwrap();
         info.num_pending == 0 && info.num_ack_pending == 0
+    }
+
+    fn child_args(&self) -> Vec<String> {
+        vec![
+            "nats".into(),
+            self.stream.clone(),
+            format!("{}.parked", self.subject),
+        ]
     }
 
     async fn cleanup(&self) {
@@ -154,4 +165,16 @@ async fn two_consumers_settle_each_order_once() {
 #[test]
 fn in_progress_is_not_a_failure() {
     common::in_progress_is_not_a_failure(Nats::new());
+}
+
+#[tokio::test]
+async fn effect_after_the_call_is_not_lost() {
+    let Some(b) = Nats::new().await else { return };
+    common::effect_after_the_call_is_not_lost(b).await;
+}
+
+#[tokio::test]
+async fn crash_and_panic_are_parked() {
+    let Some(b) = Nats::new().await else { return };
+    common::crash_and_panic_are_parked(b).await;
 }

@@ -82,18 +82,16 @@ impl Broker for Rabbit {
         source
     }
 
-    async fn parked(&self) -> Vec<String> {
+    async fn parked(&self) -> Vec<(Vec<u8>, String)> {
         let parked = format!("{}.parked", self.queue);
         let n = self.ready(&parked).await;
+        // Unacked: closing the channel puts them back, still parked.
         let channel = self.conn.create_channel().await.unwrap();
         let mut consumer = channel
             .basic_consume(
                 &parked,
                 "inspector",
-                BasicConsumeOptions {
-                    no_ack: true,
-                    ..Default::default()
-                },
+                BasicConsumeOptions::default(),
                 FieldTable::default(),
             )
             .await
@@ -106,10 +104,11 @@ impl Broker for Rabbit {
                 .headers()
                 .as_ref()
                 .and_then(|h| h.inner().get("x-idem-reason").cloned());
-            reasons.push(match reason {
+            let reason = match reason {
                 Some(AMQPValue::LongString(s)) => s.to_string(),
                 other => format!("{other:?}"),
-            });
+            };
+            reasons.push((d.data, reason));
         }
         let _ = channel.close(200, "done").await;
         reasons
@@ -127,6 +126,10 @@ impl Broker for Rabbit {
         if let Some(conn) = conn {
             let _ = conn.close(320, "killed").await;
         }
+    }
+
+    fn child_args(&self) -> Vec<String> {
+        vec!["rabbitmq".into(), self.queue.clone()]
     }
 
     async fn cleanup(&self) {
@@ -187,4 +190,16 @@ async fn two_consumers_settle_each_order_once() {
 #[test]
 fn in_progress_is_not_a_failure() {
     common::in_progress_is_not_a_failure(Rabbit::new());
+}
+
+#[tokio::test]
+async fn effect_after_the_call_is_not_lost() {
+    let Some(b) = Rabbit::new().await else { return };
+    common::effect_after_the_call_is_not_lost(b).await;
+}
+
+#[tokio::test]
+async fn crash_and_panic_are_parked() {
+    let Some(b) = Rabbit::new().await else { return };
+    common::crash_and_panic_are_parked(b).await;
 }

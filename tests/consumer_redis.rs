@@ -67,7 +67,7 @@ impl Broker for Streams {
             .unwrap()
     }
 
-    async fn parked(&self) -> Vec<String> {
+    async fn parked(&self) -> Vec<(Vec<u8>, String)> {
         let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
             .arg(self.parking())
             .arg("-")
@@ -78,7 +78,13 @@ impl Broker for Streams {
         reply
             .ids
             .iter()
-            .map(|e| e.get::<String>("reason").unwrap_or_default())
+            .map(|e| {
+                (
+                    e.get::<Vec<u8>>(redis_streams::PAYLOAD_FIELD)
+                        .unwrap_or_default(),
+                    e.get::<String>("reason").unwrap_or_default(),
+                )
+            })
             .collect()
     }
 
@@ -101,6 +107,10 @@ impl Broker for Streams {
             .find(|g| g.name == self.group)
             .and_then(|g| g.lag);
         pending.count() == 0 && lag == Some(0)
+    }
+
+    fn child_args(&self) -> Vec<String> {
+        vec!["redis".into(), self.stream.clone(), self.group.clone()]
     }
 
     async fn cleanup(&self) {
@@ -156,4 +166,20 @@ async fn two_consumers_settle_each_order_once() {
 #[test]
 fn in_progress_is_not_a_failure() {
     common::in_progress_is_not_a_failure(async { Streams::new().await });
+}
+
+#[tokio::test]
+async fn effect_after_the_call_is_not_lost() {
+    let Some(b) = Streams::new().await else {
+        return;
+    };
+    common::effect_after_the_call_is_not_lost(b).await;
+}
+
+#[tokio::test]
+async fn crash_and_panic_are_parked() {
+    let Some(b) = Streams::new().await else {
+        return;
+    };
+    common::crash_and_panic_are_parked(b).await;
 }

@@ -12,8 +12,12 @@
 //!   `Idem-Reason`, `Idem-Deliveries` and `Idem-Stream`, and then `+TERM`ed.
 //!   Capture that subject in a stream of its own so an operator can read it.
 //! - A consumer that dies leaves its messages unacked: the server redelivers
-//!   them after `ack_wait`, counting the delivery. Keep `ack_wait` above the
-//!   longest handler run.
+//!   them after `ack_wait`, counting the delivery, pulled messages it had not
+//!   started yet included. Keep `ack_wait` above the longest handler run.
+//!   Older servers (2.9; fixed in the 2.10 series, nats-server#5305 and
+//!   #5338) can, when a redelivery falls due just as a consumer disconnects,
+//!   hand a message out again with its count gone back by one, so it can run
+//!   once more than `max_deliveries`.
 //!
 //! The server's `max_deliver` is left unlimited: the runner parks at
 //! `max_deliveries`, with the reason, where a server-side limit would drop the

@@ -7,13 +7,22 @@
 //! | replayed a recorded outcome (a duplicate) | ack | — |
 //! | `InProgress`: another delivery of the same key is running | redeliver after `in_progress_delay` | no |
 //! | a retryable `Err`, or the store could not claim or record | redeliver after a backoff; park at `max_deliveries` | yes |
+//! | recorded or replayed `Ok`, then the handler returned `Err` | the same: what failed after the call is in no record | yes |
+//! | the handler panicked | the same | yes |
 //! | `KeyReuse`, a stored result that no longer decodes | park at once | — |
 //! | the payload does not decode into the message type | park at once | — |
+//! | nothing yet: the delivery's count is already past `max_deliveries` | park without running the handler | — |
 //!
 //! The ack is sent only after the store has recorded the outcome: "process,
 //! then mark". Marking first would lose the message for good if the process
 //! died in between; acking after means a crash redelivers it, and the record
-//! turns the redelivery into a replay.
+//! turns the redelivery into a replay. An `Err` is acked only when the record
+//! holds that very error.
+//!
+//! A delivery that ends without a verdict (the process crashed or was killed,
+//! or the handler hung past the broker's redelivery timeout) still counts, so
+//! a message that takes its consumer down every time reaches
+//! `max_deliveries` and is parked before it can take the next one down.
 //!
 //! The runner learns what the annotated call did from the protocol itself
 //! (the outcome it also counts in `idem_calls_total`), so the handler's error
@@ -64,10 +73,12 @@ pub mod redis_streams;
 use std::cell::Cell;
 use std::fmt;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use serde::de::DeserializeOwned;
 
 use crate::error::CodecError;
@@ -77,9 +88,16 @@ use crate::spec::{Kind, Spec};
 /// What the protocol said about the last call made by the handler's task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Noted {
-    Call(CallOutcome),
-    /// The body ran, but a newer owner had taken the key over: its record stands.
-    Fenced,
+    /// `recorded_err`: the call ended with the `Err` its record holds (a
+    /// stored or replayed final error); otherwise an `Err` the handler returns
+    /// is not in any record.
+    Call {
+        outcome: CallOutcome,
+        recorded_err: bool,
+    },
+    /// The body ran, but a newer owner had taken the key over: its record
+    /// stands. `final_err`: the body ended with an error it kept as final.
+    Fenced { final_err: bool },
     /// The handler rolled back what the call recorded ([`rolled_back`]).
     RolledBack,
 }
@@ -91,16 +109,20 @@ tokio::task_local! {
 /// Called by `observe` for every call outcome. The outermost annotated call
 /// finishes last, so the value left behind is the handler's own outcome, not
 /// that of a call nested in its body; steps never speak for the handler.
-pub(crate) fn note(spec: &Spec, outcome: CallOutcome) {
+pub(crate) fn note(spec: &Spec, outcome: CallOutcome, recorded_err: bool) {
     if spec.kind != Kind::Step {
-        let _ = PROBE.try_with(|p| p.set(Some(Noted::Call(outcome))));
+        let noted = Noted::Call {
+            outcome,
+            recorded_err,
+        };
+        let _ = PROBE.try_with(|p| p.set(Some(noted)));
     }
 }
 
 /// Called by `observe` when a completion was fenced off.
-pub(crate) fn note_fenced(spec: &Spec) {
+pub(crate) fn note_fenced(spec: &Spec, final_err: bool) {
     if spec.kind != Kind::Step {
-        let _ = PROBE.try_with(|p| p.set(Some(Noted::Fenced)));
+        let _ = PROBE.try_with(|p| p.set(Some(Noted::Fenced { final_err })));
     }
 }
 
@@ -210,7 +232,9 @@ pub trait Delivery: Send + Sized {
     fn payload(&self) -> Option<&[u8]>;
 
     /// The counted delivery this is, from 1: failed attempts and crashes of a
-    /// consumer holding it count, `InProgress` redeliveries do not.
+    /// consumer holding it count, `InProgress` redeliveries do not. A crash
+    /// must count even when no handler saw the message's verdict: the runner
+    /// parks a delivery past `max_deliveries` without running the handler.
     fn attempt(&self) -> u32;
 
     /// The outcome is recorded: remove the message for good.
@@ -295,7 +319,7 @@ struct Counters {
 /// `metrics` facade.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// Deliveries handed to the handler (a delivery kept and run again after
+    /// Deliveries taken from the broker (a delivery kept and run again after
     /// `InProgress` counts again).
     pub delivered: u64,
     /// Messages acked.
@@ -411,8 +435,13 @@ impl Runner {
     /// outcome says (see the module documentation). The handler is the
     /// annotated function itself, or a closure around it.
     ///
-    /// An `Err` is only a broker failure; the handler's own errors become
-    /// redeliveries or parked messages.
+    /// An `Err` is only a broker failure; the handler's own errors and panics
+    /// become redeliveries or parked messages.
+    ///
+    /// Dropping the returned future (a timeout around it, an aborted task)
+    /// acks nothing and releases nothing: the message comes back as after a
+    /// crash, counted, and the key stays claimed until its lease runs out
+    /// (with `tx = tx`, until the dropped transaction rolls back).
     pub async fn process<D, M, T, E, H, Fut>(
         &self,
         delivery: D,
@@ -430,14 +459,39 @@ impl Runner {
             self.count(&self.counters.delivered, "idem_consumer_delivered_total");
             let attempt = delivery.attempt();
             let decision = match delivery.payload().map(serde_json::from_slice::<M>) {
+                // Counted deliveries past the limit that never got a verdict
+                // from this runner: each ended with its consumer (a crash, a
+                // kill, a hang past the broker's timeout). Running the handler
+                // again would most likely end this consumer too.
+                _ if attempt > self.max_deliveries => Decision::Park(format!(
+                    "delivered {attempt} times, over max_deliveries ({}): the handler was not run; \
+                     the deliveries before ended without an outcome (the consumer crashed, \
+                     was killed or hung)",
+                    self.max_deliveries
+                )),
                 None => Decision::Park("undecodable: the message has no payload".to_owned()),
                 // The reason keeps serde's category and position, not the
                 // value: message bodies hold customers' data and reasons end
                 // up in logs and parking streams.
                 Some(Err(e)) => Decision::Park(format!("undecodable: {}", CodecError::from(e))),
                 Some(Ok(message)) => {
-                    let (result, noted) = probed(handler(message)).await;
-                    self.decide(&result, noted, attempt)
+                    // Inside the async block, so a panic while making the
+                    // future is caught too.
+                    let run = AssertUnwindSafe(async { handler(message).await }).catch_unwind();
+                    match probed(run).await {
+                        (Ok(result), noted) => self.decide(&result, noted, attempt),
+                        (Err(panic), _) => {
+                            let why = panic_message(&*panic);
+                            tracing::error!(
+                                scope = self.scope,
+                                event = self.event,
+                                attempt,
+                                panic = why,
+                                "the handler panicked"
+                            );
+                            self.failed(attempt, format!("the handler panicked: {why}"))
+                        }
+                    }
                 }
             };
             match decision {
@@ -504,6 +558,18 @@ impl Runner {
         }
     }
 
+    /// A counted failure: another delivery after a backoff, or parked at the
+    /// limit.
+    fn failed(&self, attempt: u32, why: String) -> Decision {
+        if attempt >= self.max_deliveries {
+            Decision::Park(format!(
+                "failed {attempt} counted deliveries; the last: {why}"
+            ))
+        } else {
+            Decision::Retry(self.backoff_for(attempt))
+        }
+    }
+
     fn decide<T, E: fmt::Debug>(
         &self,
         result: &Result<T, E>,
@@ -511,45 +577,79 @@ impl Runner {
         attempt: u32,
     ) -> Decision {
         use CallOutcome as O;
-        let failed = |why: String| {
-            if attempt >= self.max_deliveries {
-                Decision::Park(format!(
-                    "failed {attempt} counted deliveries; the last: {why}"
-                ))
-            } else {
-                Decision::Retry(self.backoff_for(attempt))
-            }
-        };
+        let failed = |why: String| self.failed(attempt, why);
         match (noted, result) {
-            (Some(Noted::Call(O::Replayed | O::ReplayedUnstored)), _) => {
-                Decision::Ack(Acked::Deduplicated)
-            }
-            (Some(Noted::Call(O::Executed)), Ok(_)) => Decision::Ack(Acked::Processed),
-            // Completion only happens for `Err` when `final_err` stored it.
-            (Some(Noted::Call(O::Executed)), Err(_)) => Decision::Ack(Acked::FinalError),
+            // The handler's call got `Ok` (ran or replayed), and the handler
+            // failed after it: what failed is in no record, and only a
+            // redelivery runs it again (the call then replays).
+            (
+                Some(
+                    Noted::Call {
+                        outcome: O::Executed | O::Replayed,
+                        recorded_err: false,
+                    }
+                    | Noted::Fenced { final_err: false },
+                ),
+                Err(e),
+            ) => failed(format!("{e:?} (after the idempotent call had succeeded)")),
+            (
+                Some(Noted::Call {
+                    outcome: O::Replayed | O::ReplayedUnstored,
+                    ..
+                }),
+                _,
+            ) => Decision::Ack(Acked::Deduplicated),
+            (
+                Some(Noted::Call {
+                    outcome: O::Executed,
+                    recorded_err,
+                }),
+                _,
+            ) => Decision::Ack(if recorded_err {
+                Acked::FinalError
+            } else {
+                Acked::Processed
+            }),
             // The body ran and a newer owner holds the record: it acks its own
             // delivery, and this one is done.
-            (Some(Noted::Fenced), _) => Decision::Ack(Acked::Processed),
+            (Some(Noted::Fenced { .. }), _) => Decision::Ack(Acked::Processed),
             (Some(Noted::RolledBack), r) => failed(match r {
                 Err(e) => format!("{e:?}"),
                 Ok(_) => "the handler's transaction was rolled back".to_owned(),
             }),
-            (Some(Noted::Call(O::InProgress)), _) => Decision::Defer(self.in_progress_delay),
+            (
+                Some(Noted::Call {
+                    outcome: O::InProgress,
+                    ..
+                }),
+                _,
+            ) => Decision::Defer(self.in_progress_delay),
             // Never going to succeed as it is: an operator has to look.
-            (Some(Noted::Call(O::KeyReuse | O::CodecError | O::NotInTransaction)), r) => {
-                Decision::Park(match r {
-                    Err(e) => format!("{e:?}"),
-                    Ok(_) => "the handler's idempotent call refused it".to_owned(),
-                })
-            }
+            (
+                Some(Noted::Call {
+                    outcome: O::KeyReuse | O::CodecError | O::NotInTransaction,
+                    ..
+                }),
+                r,
+            ) => Decision::Park(match r {
+                Err(e) => format!("{e:?}"),
+                Ok(_) => "the handler's idempotent call refused it".to_owned(),
+            }),
             // Not recorded (the store failed to claim or to complete): no ack,
             // or a crash now would lose the record and the message together.
-            (Some(Noted::Call(O::StoreError)), r) => failed(match r {
+            (
+                Some(Noted::Call {
+                    outcome: O::StoreError,
+                    ..
+                }),
+                r,
+            ) => failed(match r {
                 Err(e) => format!("{e:?}"),
                 Ok(_) => "the store could not record the outcome".to_owned(),
             }),
-            // A handler without the attribute, or one whose nested calls
-            // failed but which recovered: its own result decides.
+            // A handler without the attribute, or one whose call released its
+            // claim (a retryable `Err`) but which recovered: its own result
+            // decides.
             (_, Ok(_)) => Decision::Ack(Acked::Processed),
             (_, Err(e)) => failed(format!("{e:?}")),
         }
@@ -564,6 +664,15 @@ impl Runner {
         metrics::counter!("idem_consumer_redelivered_total", "scope" => self.scope, "event" => self.event, "reason" => reason)
             .increment(1);
     }
+}
+
+/// What a panic said, for the reason a parked message carries.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -651,5 +760,198 @@ pub mod testing {
             self.push(format!("park {reason}"));
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+    use std::time::Duration;
+
+    use serde::{Deserialize, Serialize};
+
+    use super::testing::Memory;
+    use super::{Acked, Action, Runner};
+    use crate::protocol::{Kind, Spec, execute_keeping_final};
+    use crate::store::memory::MemoryStore;
+    use crate::{Key, StoreRef};
+
+    const SPEC: Spec = Spec::new("consumer.tests", Kind::Consumer);
+
+    #[derive(Debug, Serialize, Deserialize)]
+    enum Failure {
+        Declined,
+        Downstream,
+        // Read through `Debug`, in failure messages.
+        #[allow(dead_code)]
+        #[serde(skip)]
+        Idem(String),
+    }
+
+    impl From<crate::Error> for Failure {
+        fn from(e: crate::Error) -> Self {
+            Failure::Idem(e.to_string())
+        }
+    }
+
+    fn runner() -> Runner {
+        Runner::new("consumer.tests", "TEST")
+            .max_deliveries(3)
+            .backoff(Duration::from_millis(100), Duration::from_millis(400))
+    }
+
+    /// The annotated call: `Declined` is its final error, stored and replayed.
+    async fn settle(store: &StoreRef, id: &str, declined: bool) -> Result<u32, Failure> {
+        let key = Key::builder(SPEC.scope).part(id).finish();
+        execute_keeping_final(
+            &SPEC,
+            Some(store.clone()),
+            key,
+            None,
+            |e: &Failure| matches!(e, Failure::Declined),
+            async move {
+                if declined {
+                    Err(Failure::Declined)
+                } else {
+                    Ok(7)
+                }
+            },
+        )
+        .await
+    }
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
+    /// A message that crashed every earlier consumer comes back with its
+    /// count past the limit: it is parked before it can crash this one too.
+    #[test]
+    fn a_delivery_past_max_deliveries_is_parked_without_running_the_handler() {
+        block_on(async {
+            let calls = AtomicU32::new(0);
+            let handler = |_: String| {
+                calls.fetch_add(1, SeqCst);
+                async { Ok::<(), Failure>(()) }
+            };
+            let d = Memory::new(br#""m-1""#).attempt(4);
+            let log = d.log();
+            let action = runner().process(d, &handler).await.unwrap();
+            assert_eq!(calls.load(SeqCst), 0, "the handler must not run");
+            let Action::Parked { reason } = action else {
+                panic!("{action:?}")
+            };
+            assert!(
+                reason.contains("delivered 4 times") && reason.contains("not run"),
+                "{reason}"
+            );
+            assert_eq!(log.lock().unwrap().len(), 1, "{:?}", log.lock().unwrap());
+        });
+    }
+
+    /// A panic is a counted failure: retried with backoff, parked at the
+    /// limit, and the runner goes on.
+    #[test]
+    fn a_panicking_handler_is_retried_then_parked() {
+        block_on(async {
+            let handler = |_: String| async {
+                if true {
+                    panic!("the handler broke");
+                }
+                Ok::<(), Failure>(())
+            };
+            let first = runner()
+                .process(Memory::new(br#""m-1""#), &handler)
+                .await
+                .unwrap();
+            assert_eq!(
+                first,
+                Action::Retried {
+                    after: Duration::from_millis(100),
+                    attempt: 1
+                }
+            );
+            let last = runner()
+                .process(Memory::new(br#""m-1""#).attempt(3), &handler)
+                .await
+                .unwrap();
+            let Action::Parked { reason } = last else {
+                panic!("{last:?}")
+            };
+            assert!(
+                reason.starts_with("failed 3 counted deliveries")
+                    && reason.contains("the handler broke"),
+                "{reason}"
+            );
+        });
+    }
+
+    /// The call recorded `Ok`, and the handler's own next effect failed: that
+    /// effect is not recorded anywhere, so the message must come back.
+    #[test]
+    fn an_err_after_a_call_that_succeeded_is_retried() {
+        block_on(async {
+            let store = StoreRef::new(MemoryStore::new());
+            let next_effect_fails = AtomicU32::new(1);
+            let handler = |id: String| {
+                let store = store.clone();
+                let fail = next_effect_fails.load(SeqCst) > 0;
+                async move {
+                    settle(&store, &id, false).await?;
+                    if fail {
+                        return Err(Failure::Downstream);
+                    }
+                    Ok(())
+                }
+            };
+            let r = runner();
+            let first = r.process(Memory::new(br#""m-1""#), &handler).await.unwrap();
+            assert_eq!(
+                first,
+                Action::Retried {
+                    after: Duration::from_millis(100),
+                    attempt: 1
+                }
+            );
+            // The redelivery replays the recorded `Ok` and fails the same way:
+            // a replay acks only what the record holds.
+            let second = r
+                .process(Memory::new(br#""m-1""#).attempt(2), &handler)
+                .await
+                .unwrap();
+            assert!(
+                matches!(second, Action::Retried { attempt: 2, .. }),
+                "{second:?}"
+            );
+            next_effect_fails.store(0, SeqCst);
+            let third = r
+                .process(Memory::new(br#""m-1""#).attempt(3), &handler)
+                .await
+                .unwrap();
+            assert_eq!(third, Action::Acked(Acked::Deduplicated));
+            assert_eq!(r.stats().final_errors, 0, "{:?}", r.stats());
+        });
+    }
+
+    /// The counterpart: an `Err` the call stored as final is acked, first
+    /// time and on replay.
+    #[test]
+    fn a_stored_final_error_is_acked() {
+        block_on(async {
+            let store = StoreRef::new(MemoryStore::new());
+            let handler = |id: String| {
+                let store = store.clone();
+                async move { settle(&store, &id, true).await.map(|_| ()) }
+            };
+            let r = runner();
+            let first = r.process(Memory::new(br#""m-1""#), &handler).await.unwrap();
+            assert_eq!(first, Action::Acked(Acked::FinalError));
+            let again = r.process(Memory::new(br#""m-1""#), &handler).await.unwrap();
+            assert_eq!(again, Action::Acked(Acked::Deduplicated));
+        });
     }
 }

@@ -15,8 +15,11 @@
 //! prefetch. A redelivery or a parked copy is published with publisher
 //! confirms before the original is acked: a crash in between leaves two
 //! copies, and the record makes the second a replay. Counted failures travel
-//! in the header `x-idem-failures`; a message the broker hands back because a
-//! consumer's connection dropped (`redelivered`) counts one more.
+//! in the header `x-idem-failures`. A message the broker hands back because a
+//! consumer's channel or connection ended before its verdict (`redelivered`)
+//! counts as a failure too: the flag does not say how often that happened, so
+//! the consumer that receives it republishes it to the tail of `q` with the
+//! count raised and acks the returned copy, before any handler runs it.
 //!
 //! Per-message TTLs expire at the head of `q.retry` only, so a long delay ahead
 //! of a short one stretches the short one: delays are lower bounds.
@@ -253,26 +256,49 @@ impl Source for RabbitMq {
     type Delivery = RabbitDelivery;
 
     async fn next(&mut self) -> Result<RabbitDelivery, BrokerError> {
-        let delivery = match self.consumer.next().await {
-            Some(d) => d.map_err(broker)?,
-            None => {
-                return Err(BrokerError::new(
-                    "rabbitmq",
-                    "the consumer was cancelled or its channel closed",
-                ));
+        loop {
+            let delivery = match self.consumer.next().await {
+                Some(d) => d.map_err(broker)?,
+                None => {
+                    return Err(BrokerError::new(
+                        "rabbitmq",
+                        "the consumer was cancelled or its channel closed",
+                    ));
+                }
+            };
+            let failures = header(&delivery.properties, FAILURES).unwrap_or(0);
+            let delivery = RabbitDelivery {
+                channel: self.channel.clone(),
+                names: self.names.clone(),
+                attempt: failures + 1,
+                delivery,
+            };
+            if !delivery.delivery.redelivered {
+                return Ok(delivery);
             }
-        };
-        let failures = header(&delivery.properties, FAILURES).unwrap_or(0);
-        // A quorum queue counts the returns of this copy itself; a classic one
-        // only says it was returned at least once.
-        let returned = header(&delivery.properties, "x-delivery-count")
-            .unwrap_or(u32::from(delivery.redelivered));
-        Ok(RabbitDelivery {
-            channel: self.channel.clone(),
-            names: self.names.clone(),
-            attempt: failures + returned + 1,
-            delivery,
-        })
+            // Handed back by the broker: a consumer holding it ended without
+            // a verdict. A classic queue only flags that, and the flag stays
+            // the same however often it happens, so a message that kills every
+            // consumer would never reach `max_deliveries`: the count goes into
+            // the header of a fresh copy instead, at the tail of the queue. (A
+            // quorum queue counts the returns of this copy itself.)
+            let returned = header(&delivery.delivery.properties, "x-delivery-count")
+                .unwrap_or(1)
+                .max(1);
+            let props = delivery.copy_props(&[(
+                FAILURES,
+                AMQPValue::LongLongInt((failures + returned).into()),
+            )]);
+            publish_confirmed(
+                &self.channel,
+                "",
+                &self.names.queue,
+                &delivery.delivery.data,
+                props,
+            )
+            .await?;
+            delivery.ack().await?;
+        }
     }
 }
 

@@ -137,12 +137,12 @@ where
         }
         Outcome::FinalError => {
             let err = policy.restore(&stored.payload).map_err(codec_error)?;
-            observe::call(spec, CallOutcome::Replayed);
+            observe::call_ending_in_recorded_err(spec, CallOutcome::Replayed);
             Err(err)
         }
         Outcome::Unstored => {
             let why: Unstored = serde_json::from_slice(&stored.payload).map_err(codec_error)?;
-            observe::call(spec, CallOutcome::ReplayedUnstored);
+            observe::call_ending_in_recorded_err(spec, CallOutcome::ReplayedUnstored);
             Err(E::from(match why {
                 Unstored::TooLarge { size, limit } => Error::ResultTooLarge {
                     scope: spec.scope.to_owned(),

@@ -145,11 +145,15 @@ where
         ttl: spec.ttl,
     };
     match store.complete(key, token, completion).await {
+        // Only an error `final_err` kept gets this far: the record holds it.
+        Ok(true) if out.is_err() => {
+            observe::call_ending_in_recorded_err(spec, CallOutcome::Executed)
+        }
         Ok(true) => observe::call(spec, CallOutcome::Executed),
         Ok(false) => {
             // The body ran and its effects happened: hand its result to the caller,
             // but the record belongs to whoever took over.
-            observe::fenced(spec);
+            observe::fenced(spec, out.is_err());
             tracing::warn!("completed after losing the claim; the newer owner's record stands");
         }
         Err(e) if store.must_record() => {
