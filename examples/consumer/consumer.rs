@@ -100,7 +100,7 @@ async fn worker(
                 Err(err) => return Err(err),
             }
             if let Err(err) = tx.commit().await {
-                idem_runtime::consumer::rolled_back();
+                idem_runtime::consumer::mark_rolled_back();
                 return Err(err.into());
             }
             Ok::<(), SettleError>(())

@@ -41,21 +41,30 @@
 //! See the README for the misuse checks, the stores and their guarantees.
 
 #![warn(missing_docs)]
+// docs.rs builds with `--cfg docsrs` and marks each gated item with its feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod clock;
 pub mod consumer;
 mod error;
 mod flow;
-#[cfg(feature = "tower")]
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
 mod install;
 pub mod key;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "redis", feature = "postgres"))))]
 pub mod lock;
 mod observe;
 pub mod protocol;
 mod spec;
 pub mod store;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
 pub mod unique;
 
 // Their documentation (options, durations, what they expand to) is on the

@@ -91,19 +91,6 @@ fn kind(spec: &Spec) -> &'static str {
 }
 
 pub(crate) fn call(spec: &Spec, outcome: CallOutcome) {
-    counted(spec, outcome, false);
-}
-
-/// A call that ends with the error its record holds: a final error stored or
-/// replayed, or the error a replayed marker of an unstored result stands for.
-pub(crate) fn call_ending_in_recorded_err(spec: &Spec, outcome: CallOutcome) {
-    counted(spec, outcome, true);
-}
-
-fn counted(spec: &Spec, outcome: CallOutcome, recorded_err: bool) {
-    // The consumer runner maps this same outcome to a broker action, and acks
-    // an `Err` only when the record holds it.
-    crate::consumer::note(spec, outcome, recorded_err);
     metrics::counter!("idem_calls_total", "scope" => spec.scope, "kind" => kind(spec), "outcome" => outcome.as_str())
         .increment(1);
 }
@@ -113,9 +100,7 @@ pub(crate) fn takeover(spec: &Spec) {
         .increment(1);
 }
 
-/// `final_err`: the body ended with an error it would have stored as final.
-pub(crate) fn fenced(spec: &Spec, final_err: bool) {
-    crate::consumer::note_fenced(spec, final_err);
+pub(crate) fn fenced(spec: &Spec) {
     metrics::counter!("idem_fenced_total", "scope" => spec.scope, "kind" => kind(spec))
         .increment(1);
 }

@@ -58,8 +58,10 @@ pub trait UniqueDialect: Database + sealed::Sealed {
 }
 
 #[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 impl sealed::Sealed for sqlx::Sqlite {}
 #[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 impl UniqueDialect for sqlx::Sqlite {
     fn conflict_clause(columns: &[&str]) -> String {
         format!(" ON CONFLICT ({}) DO NOTHING", columns.join(", "))
@@ -76,8 +78,10 @@ impl UniqueDialect for sqlx::Sqlite {
 }
 
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl sealed::Sealed for sqlx::Postgres {}
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl UniqueDialect for sqlx::Postgres {
     fn conflict_clause(columns: &[&str]) -> String {
         format!(" ON CONFLICT ({}) DO NOTHING", columns.join(", "))
@@ -101,8 +105,10 @@ impl UniqueDialect for sqlx::Postgres {
 const MYSQL_DUPLICATE: u64 = i64::MAX as u64;
 
 #[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 impl sealed::Sealed for sqlx::MySql {}
 #[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 impl UniqueDialect for sqlx::MySql {
     fn conflict_clause(columns: &[&str]) -> String {
         // MySQL has no conflict target: any unique key of the table fires it.

@@ -1,4 +1,4 @@
-//! NATS JetStream through async-nats (feature `nats`).
+//! NATS JetStream through async-nats (feature `jetstream`).
 //!
 //! - A durable pull consumer with explicit acks; several processes pulling
 //!   from the same durable share its messages.

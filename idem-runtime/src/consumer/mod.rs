@@ -60,17 +60,19 @@
 //! ```
 //!
 //! Each broker is a [`Source`] of [`Delivery`]s: `redis_streams` (feature
-//! `consumer-redis`), `rabbitmq` (feature `rabbitmq`) and `jetstream` (feature
-//! `nats`). Another broker needs only those two traits.
+//! `redis-streams`), `rabbitmq` (feature `rabbitmq`) and `jetstream` (feature
+//! `jetstream`). Another broker needs only those two traits.
 
-#[cfg(feature = "nats")]
+#[cfg(feature = "jetstream")]
+#[cfg_attr(docsrs, doc(cfg(feature = "jetstream")))]
 pub mod jetstream;
 #[cfg(feature = "rabbitmq")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
 pub mod rabbitmq;
-#[cfg(feature = "consumer-redis")]
+#[cfg(feature = "redis-streams")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis-streams")))]
 pub mod redis_streams;
 
-use std::cell::Cell;
 use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -83,48 +85,7 @@ use serde::de::DeserializeOwned;
 
 use crate::error::CodecError;
 use crate::observe::CallOutcome;
-use crate::spec::{Kind, Spec};
-
-/// What the protocol said about the last call made by the handler's task.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Noted {
-    /// `recorded_err`: the call ended with the `Err` its record holds (a
-    /// stored or replayed final error); otherwise an `Err` the handler returns
-    /// is not in any record.
-    Call {
-        outcome: CallOutcome,
-        recorded_err: bool,
-    },
-    /// The body ran, but a newer owner had taken the key over: its record
-    /// stands. `final_err`: the body ended with an error it kept as final.
-    Fenced { final_err: bool },
-    /// The handler rolled back what the call recorded ([`rolled_back`]).
-    RolledBack,
-}
-
-tokio::task_local! {
-    static PROBE: Cell<Option<Noted>>;
-}
-
-/// Called by `observe` for every call outcome. The outermost annotated call
-/// finishes last, so the value left behind is the handler's own outcome, not
-/// that of a call nested in its body; steps never speak for the handler.
-pub(crate) fn note(spec: &Spec, outcome: CallOutcome, recorded_err: bool) {
-    if spec.kind != Kind::Step {
-        let noted = Noted::Call {
-            outcome,
-            recorded_err,
-        };
-        let _ = PROBE.try_with(|p| p.set(Some(noted)));
-    }
-}
-
-/// Called by `observe` when a completion was fenced off.
-pub(crate) fn note_fenced(spec: &Spec, final_err: bool) {
-    if spec.kind != Kind::Step {
-        let _ = PROBE.try_with(|p| p.set(Some(Noted::Fenced { final_err })));
-    }
-}
+use crate::protocol::report::{self, Noted};
 
 /// Tells the runner that what the handler's annotated call recorded did not
 /// last: the caller's transaction carrying the record (`tx = tx`) failed to
@@ -137,22 +98,13 @@ pub(crate) fn note_fenced(spec: &Spec, final_err: bool) {
 /// // let mut tx = pool.begin().await?;
 /// // settle(&mut tx, e).await?;   // #[idempotent(consumer, tx = tx, …)]
 /// if let Err(e) = tx.commit().await {
-///     idem_runtime::consumer::rolled_back();
+///     idem_runtime::consumer::mark_rolled_back();
 ///     return Err(e);
 /// }
 /// # Ok(()) }
 /// ```
-pub fn rolled_back() {
-    let _ = PROBE.try_with(|p| p.set(Some(Noted::RolledBack)));
-}
-
-async fn probed<F: Future>(fut: F) -> (F::Output, Option<Noted>) {
-    PROBE
-        .scope(Cell::new(None), async move {
-            let out = fut.await;
-            (out, PROBE.with(Cell::get))
-        })
-        .await
+pub fn mark_rolled_back() {
+    report::rolled_back();
 }
 
 /// A broker failed to take an ack, a redelivery or a parked copy (or to hand
@@ -478,7 +430,7 @@ impl Runner {
                     // Inside the async block, so a panic while making the
                     // future is caught too.
                     let run = AssertUnwindSafe(async { handler(message).await }).catch_unwind();
-                    match probed(run).await {
+                    match report::observed(run).await {
                         (Ok(result), noted) => self.decide(&result, noted, attempt),
                         (Err(panic), _) => {
                             let why = panic_message(&*panic);

@@ -1,4 +1,4 @@
-//! Redis Streams consumer groups (feature `consumer-redis`).
+//! Redis Streams consumer groups (feature `redis-streams`).
 //!
 //! - New entries come from `XREADGROUP … >`; an entry is acked (`XACK`) only
 //!   after the handler's outcome is recorded.

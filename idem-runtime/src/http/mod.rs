@@ -1,5 +1,5 @@
 //! HTTP: the `Idempotency-Key` header for tower and hyper services and for
-//! axum (features `tower` and `axum`).
+//! axum (features `http` and `axum`).
 //!
 //! - [`IdempotencyLayer`]: a tower layer that makes any service idempotent
 //!   per `Idempotency-Key` header, after the IETF httpapi draft and Stripe's
@@ -60,6 +60,7 @@ pub use problem::problem;
 pub use replayed::{ReplayedHeaderLayer, ReplayedHeaderService};
 
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use self::axum::{IdempotencyKey, KeyCaller, ViaAxum};
 
 /// The request header that carries the client's idempotency key.

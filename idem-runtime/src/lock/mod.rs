@@ -23,8 +23,10 @@
 //! third of the lease, and stop when a renewal answers `false`.
 
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 
 use std::time::Duration;
@@ -32,7 +34,6 @@ use std::time::Duration;
 /// How long to sleep between two attempts of a waiting acquire: full jitter
 /// over a doubling window (5, 10, … ms, at most 320), so waiters do not meet
 /// again in lockstep.
-#[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
 pub(crate) fn pause(attempt: u32) -> Duration {
     let window = 5u64 << attempt.min(6);
     Duration::from_millis(1 + rand::random::<u64>() % window)

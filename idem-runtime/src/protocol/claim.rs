@@ -9,7 +9,7 @@ use crate::observe::{self, CallOutcome};
 use crate::store::{Claim, ClaimRequest, Outcome, StoreRef, StoredResult, Token};
 
 use super::record::Unstored;
-use super::{ErrorPolicy, FromIdemError, Spec, StoredForm, hint, replays};
+use super::{ErrorPolicy, FromIdemError, Spec, StoredForm, hint, report};
 
 pub(super) enum Acquired {
     Owner { fence: u64 },
@@ -28,7 +28,7 @@ pub(super) fn judge(
     fingerprint: Option<Fingerprint>,
 ) -> Result<Verdict, Error> {
     let key_reuse = || {
-        observe::call(spec, CallOutcome::KeyReuse);
+        report::call(spec, CallOutcome::KeyReuse);
         Error::KeyReuse {
             scope: spec.scope.to_owned(),
         }
@@ -56,7 +56,7 @@ pub(super) fn judge(
 /// `InProgress`, with a hint of when the first call's result is likely ready
 /// rather than when its lease would run out (see `hint.rs`).
 pub(super) fn in_progress(spec: &Spec, key: &Key, lease_remaining: Duration) -> Error {
-    observe::call(spec, CallOutcome::InProgress);
+    report::call(spec, CallOutcome::InProgress);
     Error::InProgress {
         scope: spec.scope.to_owned(),
         retry_after: hint::retry_after(spec, key, lease_remaining),
@@ -64,7 +64,7 @@ pub(super) fn in_progress(spec: &Spec, key: &Key, lease_remaining: Duration) -> 
 }
 
 pub(super) fn claim_failed(spec: &Spec, e: &crate::StoreError) {
-    observe::call(spec, CallOutcome::StoreError);
+    report::call(spec, CallOutcome::StoreError);
     tracing::warn!(error = %e, "claim failed; the body does not run");
 }
 
@@ -121,28 +121,28 @@ where
 {
     let codec_error = |e: serde_json::Error| {
         let source = CodecError::from(e);
-        observe::call(spec, CallOutcome::CodecError);
+        report::call(spec, CallOutcome::CodecError);
         tracing::error!(error = %source, "stored result does not decode");
         E::from(Error::Codec {
             scope: spec.scope.to_owned(),
             source,
         })
     };
-    replays::mark(spec);
+    report::replayed(spec);
     match stored.outcome {
         Outcome::Success => {
             let value = T::from_stored(&stored.payload).map_err(codec_error)?;
-            observe::call(spec, CallOutcome::Replayed);
+            report::call(spec, CallOutcome::Replayed);
             Ok(value)
         }
         Outcome::FinalError => {
             let err = policy.restore(&stored.payload).map_err(codec_error)?;
-            observe::call_ending_in_recorded_err(spec, CallOutcome::Replayed);
+            report::call_ending_in_recorded_err(spec, CallOutcome::Replayed);
             Err(err)
         }
         Outcome::Unstored => {
             let why: Unstored = serde_json::from_slice(&stored.payload).map_err(codec_error)?;
-            observe::call_ending_in_recorded_err(spec, CallOutcome::ReplayedUnstored);
+            report::call_ending_in_recorded_err(spec, CallOutcome::ReplayedUnstored);
             Err(E::from(match why {
                 Unstored::TooLarge { size, limit } => Error::ResultTooLarge {
                     scope: spec.scope.to_owned(),

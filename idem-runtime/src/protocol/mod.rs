@@ -9,7 +9,9 @@
 //!   the caller's transaction;
 //! - `hint.rs`: when a duplicate should retry (`Error::InProgress`), from the
 //!   durations this process observed;
-//! - `replays.rs`: telling a caller that a result was replayed.
+//! - `report.rs`: each call outcome, once, to the task that runs the call
+//!   (was it a replay; what the consumer runner must tell the broker) and to
+//!   the metrics.
 //! - `compensate.rs`: giving up a flow and undoing its finished steps.
 
 mod claim;
@@ -17,7 +19,7 @@ mod compensate;
 mod heartbeat;
 mod hint;
 mod record;
-mod replays;
+pub(crate) mod report;
 
 use std::future::Future;
 
@@ -38,7 +40,7 @@ use claim::{Acquired, Verdict, acquire, claim_failed, in_progress, judge, replay
 use heartbeat::heartbeat;
 use record::finish;
 
-pub use replays::track_replays;
+pub use report::track_replays;
 
 /// A result type that can be stored and replayed.
 #[diagnostic::on_unimplemented(
@@ -302,7 +304,7 @@ where
         // with nothing renewing its lease while the body runs (the body holds
         // the connection), so a slow body would be taken over while alive.
         if !conn.tx_connection().in_transaction() {
-            observe::call(spec, CallOutcome::NotInTransaction);
+            report::call(spec, CallOutcome::NotInTransaction);
             return Err(Error::NotInTransaction {
                 scope: spec.scope.to_owned(),
             }
@@ -443,7 +445,7 @@ where
         wait: Some(flow.lease),
     };
     if flow.lease_lost() {
-        observe::call(&spec, CallOutcome::LeaseLost);
+        report::call(&spec, CallOutcome::LeaseLost);
         tracing::warn!(
             step = name,
             "the flow's lease was taken over; not starting the step"

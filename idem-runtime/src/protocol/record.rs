@@ -6,11 +6,11 @@ use serde::Serialize;
 
 use crate::error::{CodecError, Error};
 use crate::key::Key;
-use crate::observe::{self, CallOutcome};
+use crate::observe::CallOutcome;
 use crate::store::tx::TxConnection;
 use crate::store::{Completion, Outcome, StoreRef, Token};
 
-use super::{ErrorPolicy, FromIdemError, Spec, StoredForm};
+use super::{ErrorPolicy, FromIdemError, Spec, StoredForm, report};
 
 /// Why a finished body's result is not in the record.
 #[derive(Debug, Serialize, serde::Deserialize)]
@@ -113,7 +113,7 @@ where
             Some(Ok(bytes)) => (Outcome::FinalError, bytes),
             Some(Err(e)) => unencodable(&e),
             None => {
-                observe::call(spec, CallOutcome::Failed);
+                report::call(spec, CallOutcome::Failed);
                 if let Err(e) = store.release(key, token).await {
                     // The claim then ends with its lease and a retry takes over.
                     tracing::warn!(error = %e, "could not release the claim after an error");
@@ -137,7 +137,7 @@ where
         (outcome, payload)
     };
     if outcome == Outcome::Unstored {
-        observe::call(spec, CallOutcome::Unstored);
+        report::call(spec, CallOutcome::Unstored);
     }
     let completion = Completion {
         outcome,
@@ -147,22 +147,22 @@ where
     match store.complete(key, token, completion).await {
         // Only an error `final_err` kept gets this far: the record holds it.
         Ok(true) if out.is_err() => {
-            observe::call_ending_in_recorded_err(spec, CallOutcome::Executed)
+            report::call_ending_in_recorded_err(spec, CallOutcome::Executed)
         }
-        Ok(true) => observe::call(spec, CallOutcome::Executed),
+        Ok(true) => report::call(spec, CallOutcome::Executed),
         Ok(false) => {
             // The body ran and its effects happened: hand its result to the caller,
             // but the record belongs to whoever took over.
-            observe::fenced(spec, out.is_err());
+            report::fenced(spec, out.is_err());
             tracing::warn!("completed after losing the claim; the newer owner's record stands");
         }
         Err(e) if store.must_record() => {
-            observe::call(spec, CallOutcome::StoreError);
+            report::call(spec, CallOutcome::StoreError);
             tracing::error!(error = %e, "could not record the result in the transaction; failing the call so it rolls back");
             return Err(E::from(Error::Store(e)));
         }
         Err(e) => {
-            observe::call(spec, CallOutcome::StoreError);
+            report::call(spec, CallOutcome::StoreError);
             tracing::error!(error = %e, "could not store the result; a duplicate will take over after the lease");
         }
     }

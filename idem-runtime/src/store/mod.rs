@@ -18,8 +18,13 @@ pub mod memory;
 /// `#[idem_runtime::store::async_trait] impl Store for MyStore { … }`.
 pub use async_trait::async_trait;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
 pub mod sql;
 mod sweeper;
 pub mod tx;

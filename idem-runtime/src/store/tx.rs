@@ -78,6 +78,10 @@ impl<C: TxConnection> AsTxConnection for C {
 /// `tx = tx` with a `&mut sqlx::Transaction`, the usual case, on any dialect
 /// whose connection claims in transactions (PostgreSQL, MySQL, SQLite).
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
 impl<DB> AsTxConnection for sqlx::Transaction<'_, DB>
 where
     DB: sqlx::Database,
