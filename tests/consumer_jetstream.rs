@@ -1,15 +1,12 @@
 //! The consumer scenarios on NATS JetStream (`IDEM_NATS_URL`), each on a
 //! stream and a parking stream of its own that it deletes at the end.
 
-#[path = "consumer_common.rs"]
-mod common;
-
 use std::time::Duration;
 
 use async_nats::jetstream::{self, Context, stream};
-use common::*;
 use futures_util::StreamExt;
 use idem_runtime::consumer::jetstream::JetStream;
+use idem_tests::consumer::*;
 use idem_tests::services;
 
 struct Nats {
@@ -135,46 +132,46 @@ impl Broker for Nats {
 #[tokio::test]
 async fn duplicate_publish_is_processed_once() {
     let Some(b) = Nats::new().await else { return };
-    common::duplicate_publish_is_processed_once(b).await;
+    idem_tests::consumer::duplicate_publish_is_processed_once(b).await;
 }
 
 #[tokio::test]
 async fn dead_consumer_is_taken_over() {
     let Some(b) = Nats::new().await else { return };
-    common::dead_consumer_is_taken_over(b).await;
+    idem_tests::consumer::dead_consumer_is_taken_over(b).await;
 }
 
 #[tokio::test]
 async fn replay_a_day_later_is_deduplicated() {
     let Some(b) = Nats::new().await else { return };
-    common::replay_a_day_later_is_deduplicated(b).await;
+    idem_tests::consumer::replay_a_day_later_is_deduplicated(b).await;
 }
 
 #[tokio::test]
 async fn poison_is_parked() {
     let Some(b) = Nats::new().await else { return };
-    common::poison_is_parked(b).await;
+    idem_tests::consumer::poison_is_parked(b).await;
 }
 
 #[tokio::test]
 async fn two_consumers_settle_each_order_once() {
     let Some(b) = Nats::new().await else { return };
-    common::two_consumers_settle_each_order_once(b).await;
+    idem_tests::consumer::two_consumers_settle_each_order_once(b).await;
 }
 
 #[test]
 fn in_progress_is_not_a_failure() {
-    common::in_progress_is_not_a_failure(Nats::new());
+    idem_tests::consumer::in_progress_is_not_a_failure(Nats::new());
 }
 
 #[tokio::test]
 async fn effect_after_the_call_is_not_lost() {
     let Some(b) = Nats::new().await else { return };
-    common::effect_after_the_call_is_not_lost(b).await;
+    idem_tests::consumer::effect_after_the_call_is_not_lost(b).await;
 }
 
 #[tokio::test]
 async fn crash_and_panic_are_parked() {
     let Some(b) = Nats::new().await else { return };
-    common::crash_and_panic_are_parked(b).await;
+    idem_tests::consumer::crash_and_panic_are_parked(env!("CARGO_BIN_EXE_consumer_crash"), b).await;
 }

@@ -1,13 +1,10 @@
 //! The consumer scenarios on Redis Streams (a consumer group on the server at
 //! `IDEM_REDIS_URL`), each on a stream of its own that it deletes at the end.
 
-#[path = "consumer_common.rs"]
-mod common;
-
 use std::time::Duration;
 
-use common::*;
 use idem_runtime::consumer::redis_streams::{self, RedisStreams};
+use idem_tests::consumer::*;
 use idem_tests::services;
 use redis::aio::MultiplexedConnection;
 
@@ -128,7 +125,7 @@ async fn duplicate_publish_is_processed_once() {
     let Some(b) = Streams::new().await else {
         return;
     };
-    common::duplicate_publish_is_processed_once(b).await;
+    idem_tests::consumer::duplicate_publish_is_processed_once(b).await;
 }
 
 #[tokio::test]
@@ -136,7 +133,7 @@ async fn dead_consumer_is_taken_over() {
     let Some(b) = Streams::new().await else {
         return;
     };
-    common::dead_consumer_is_taken_over(b).await;
+    idem_tests::consumer::dead_consumer_is_taken_over(b).await;
 }
 
 #[tokio::test]
@@ -144,7 +141,7 @@ async fn replay_a_day_later_is_deduplicated() {
     let Some(b) = Streams::new().await else {
         return;
     };
-    common::replay_a_day_later_is_deduplicated(b).await;
+    idem_tests::consumer::replay_a_day_later_is_deduplicated(b).await;
 }
 
 #[tokio::test]
@@ -152,7 +149,7 @@ async fn poison_is_parked() {
     let Some(b) = Streams::new().await else {
         return;
     };
-    common::poison_is_parked(b).await;
+    idem_tests::consumer::poison_is_parked(b).await;
 }
 
 #[tokio::test]
@@ -160,12 +157,12 @@ async fn two_consumers_settle_each_order_once() {
     let Some(b) = Streams::new().await else {
         return;
     };
-    common::two_consumers_settle_each_order_once(b).await;
+    idem_tests::consumer::two_consumers_settle_each_order_once(b).await;
 }
 
 #[test]
 fn in_progress_is_not_a_failure() {
-    common::in_progress_is_not_a_failure(async { Streams::new().await });
+    idem_tests::consumer::in_progress_is_not_a_failure(async { Streams::new().await });
 }
 
 #[tokio::test]
@@ -173,7 +170,7 @@ async fn effect_after_the_call_is_not_lost() {
     let Some(b) = Streams::new().await else {
         return;
     };
-    common::effect_after_the_call_is_not_lost(b).await;
+    idem_tests::consumer::effect_after_the_call_is_not_lost(b).await;
 }
 
 #[tokio::test]
@@ -181,5 +178,5 @@ async fn crash_and_panic_are_parked() {
     let Some(b) = Streams::new().await else {
         return;
     };
-    common::crash_and_panic_are_parked(b).await;
+    idem_tests::consumer::crash_and_panic_are_parked(env!("CARGO_BIN_EXE_consumer_crash"), b).await;
 }

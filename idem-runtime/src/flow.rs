@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
+use crate::spec::{Kind, Spec};
 use crate::store::{StoreRef, Token};
 
 tokio::task_local! {
@@ -56,7 +57,7 @@ pub(crate) struct Pending {
     pub(crate) step_key: Key,
     /// Runs the compensation as a recorded step under the given settings, store
     /// and key; `Err` carries the compensation's error, for the message.
-    pub(crate) run: Box<dyn FnOnce(crate::spec::Spec, StoreRef, Key) -> CompensationFuture + Send>,
+    pub(crate) run: Box<dyn FnOnce(Spec, StoreRef, Key) -> CompensationFuture + Send>,
 }
 
 pub(crate) type CompensationFuture =
@@ -145,6 +146,21 @@ impl FlowContext {
 
     fn lock_occurrences(&self) -> std::sync::MutexGuard<'_, HashMap<&'static str, Occurrences>> {
         self.occurrences.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The settings every record under this flow is written with: its steps,
+    /// its give-up record and its compensations.
+    pub(crate) fn step_spec(&self, scope: &'static str) -> Spec {
+        // A takeover can find a step still claimed by the crashed previous
+        // owner for the few milliseconds its lease outlives the flow's: the
+        // claim waits that out.
+        Spec {
+            scope,
+            kind: Kind::Step,
+            ttl: self.ttl,
+            lease: self.lease,
+            wait: Some(self.lease),
+        }
     }
 
     /// Numbers the next call of `step` and returns its record's key.

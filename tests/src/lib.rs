@@ -2,6 +2,7 @@
 //! backend runs unchanged.
 
 pub mod conformance;
+pub mod consumer;
 pub mod proxy;
 pub mod services;
 pub mod sql;

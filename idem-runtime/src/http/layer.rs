@@ -30,6 +30,7 @@ type CallerFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 type StatusFn = dyn Fn(StatusCode) -> bool + Send + Sync;
 
 /// What a [`IdempotencyLayer`] does; shared by its services.
+#[derive(Clone)]
 struct Config {
     store: Option<StoreRef>,
     spec: Spec,
@@ -158,23 +159,7 @@ impl IdempotencyLayer {
 
     fn with(mut self, f: impl FnOnce(&mut Config)) -> Self {
         // Built once at start-up, before any service shares the config.
-        let mut config = match Arc::try_unwrap(self.config) {
-            Ok(c) => c,
-            Err(shared) => Config {
-                store: shared.store.clone(),
-                spec: shared.spec,
-                methods: shared.methods.clone(),
-                required: shared.required,
-                rules: shared.rules,
-                caller: shared.caller.clone(),
-                max_body: shared.max_body,
-                max_response: shared.max_response,
-                keep_headers: shared.keep_headers.clone(),
-                stores: shared.stores.clone(),
-                retry_min: shared.retry_min,
-                retry_max: shared.retry_max,
-            },
-        };
+        let mut config = Arc::unwrap_or_clone(self.config);
         f(&mut config);
         self.config = Arc::new(config);
         self

@@ -28,20 +28,7 @@ use crate::key::Key;
 use crate::store::{Completion, Outcome, StoreRef, Token};
 
 use super::claim::{Acquired, acquire};
-use super::{Cacheable, FromIdemError, Kind, ReleaseAll, Spec, run};
-
-/// The settings the give-up record and the compensations are written with.
-fn flow_spec(scope: &'static str, flow: &FlowContext) -> Spec {
-    // Like a step: a takeover can meet the crashed owner's claim for the few
-    // milliseconds it outlives the flow's lease, so it waits that out.
-    Spec {
-        scope,
-        kind: Kind::Step,
-        ttl: flow.ttl,
-        lease: flow.lease,
-        wait: Some(flow.lease),
-    }
-}
+use super::{Cacheable, FromIdemError, ReleaseAll, Spec, run};
 
 const GIVE_UP_SCOPE: &str = "idem.give_up";
 
@@ -54,7 +41,7 @@ pub(super) async fn read_give_up(
     if let Some(known) = flow.known_give_up() {
         return Ok(known);
     }
-    let spec = flow_spec(GIVE_UP_SCOPE, flow);
+    let spec = flow.step_spec(GIVE_UP_SCOPE);
     let key = flow.give_up_key();
     let token = Token::random();
     let found = match acquire(&spec, store, &key, token, None).await? {
@@ -78,7 +65,7 @@ async fn write_give_up(
     store: &StoreRef,
     payload: Vec<u8>,
 ) -> Result<Vec<u8>, Error> {
-    let spec = flow_spec(GIVE_UP_SCOPE, flow);
+    let spec = flow.step_spec(GIVE_UP_SCOPE);
     let key = flow.give_up_key();
     let token = Token::random();
     let stands = match acquire(&spec, store, &key, token, None).await? {
@@ -156,7 +143,7 @@ pub(super) fn register<T, C, CF, U, E2>(
 async fn compensate_all(flow: &Arc<FlowContext>, store: &StoreRef) -> Result<(), Error> {
     for pending in flow.take_compensations().into_iter().rev() {
         flow.prove_ownership(pending.compensation).await?;
-        let spec = flow_spec(pending.compensation, flow);
+        let spec = flow.step_spec(pending.compensation);
         let key = pending.step_key.derive("idem:compensate");
         tracing::info!(
             step = pending.step,

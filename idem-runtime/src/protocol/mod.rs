@@ -298,7 +298,7 @@ where
     E: FromIdemError,
     F: AsyncFnOnce(&mut C) -> Result<T, E>,
 {
-    let span = tracing::debug_span!("idem", scope = spec.scope, key = %ShortKey(&key), tx = true);
+    let span = tracing::debug_span!("idem", scope = spec.scope, key = %key.short(), tx = true);
     async move {
         // Outside a transaction the claim would commit at once as PROCESSING
         // with nothing renewing its lease while the body runs (the body holds
@@ -380,8 +380,9 @@ where
     F: Future<Output = Result<T, E>>,
 {
     match step_in_flow::<T, M, E, F>(name, body).await {
-        Ok((out, _)) => out,
-        Err(body) => body.await,
+        StepRun::Finished(value, ..) => Ok(value),
+        StepRun::Ended(out) => out,
+        StepRun::Outside(body) => body.await,
     }
 }
 
@@ -405,25 +406,28 @@ where
     E2: FromIdemError + std::fmt::Debug + Send + 'static,
 {
     match step_in_flow::<T, ViaSerde, E, F>(name, body).await {
-        Ok((out, Some((flow, key)))) => {
-            if let Ok(value) = &out {
-                compensate::register(&flow, name, compensation, key, value, compensate);
-            }
-            out
+        StepRun::Finished(value, flow, key) => {
+            compensate::register(&flow, name, compensation, key, &value, compensate);
+            Ok(value)
         }
-        Ok((out, None)) => out,
-        Err(body) => body.await,
+        StepRun::Ended(out) => out,
+        StepRun::Outside(body) => body.await,
     }
 }
 
-/// A step's run inside a store-backed flow: the outcome, and for a finished
-/// step the flow and the step's record key. `Err(body)` outside such a flow,
-/// where the body just runs.
-#[allow(clippy::type_complexity)]
-async fn step_in_flow<T, M, E, F>(
-    name: &'static str,
-    body: F,
-) -> Result<(Result<T, E>, Option<(std::sync::Arc<FlowContext>, Key)>), F>
+/// How a step went.
+enum StepRun<T, E, F> {
+    /// It reached a stored outcome (ran, or replayed): its value, the flow,
+    /// and the step's record key, which its compensation hangs off.
+    Finished(T, std::sync::Arc<FlowContext>, Key),
+    /// It ended without one: an error, released for the flow's retry.
+    Ended(Result<T, E>),
+    /// Outside a store-backed flow: the body, to run as it is.
+    Outside(F),
+}
+
+/// A step's run inside a store-backed flow.
+async fn step_in_flow<T, M, E, F>(name: &'static str, body: F) -> StepRun<T, E, F>
 where
     T: StoredForm<M>,
     E: FromIdemError,
@@ -433,30 +437,19 @@ where
         // Outside a flow there is nothing to resume; inside a transaction the
         // whole call commits or rolls back as one, so steps need no records.
         tracing::trace!(step = name, "step outside a store-backed flow; running it");
-        return Err(body);
+        return StepRun::Outside(body);
     };
-    // A takeover can find the step still claimed by the crashed previous owner for
-    // the few milliseconds its step lease outlives the flow lease: wait that out.
-    let spec = Spec {
-        scope: name,
-        kind: Kind::Step,
-        ttl: flow.ttl,
-        lease: flow.lease,
-        wait: Some(flow.lease),
-    };
+    let spec = flow.step_spec(name);
     if flow.lease_lost() {
         report::call(&spec, CallOutcome::LeaseLost);
         tracing::warn!(
             step = name,
             "the flow's lease was taken over; not starting the step"
         );
-        return Ok((
-            Err(Error::LeaseLost {
-                scope: name.to_owned(),
-            }
-            .into()),
-            None,
-        ));
+        return StepRun::Ended(Err(Error::LeaseLost {
+            scope: name.to_owned(),
+        }
+        .into()));
     }
     let (occurrence, key) = flow.next_occurrence(name);
     let executed = std::sync::atomic::AtomicBool::new(false);
@@ -483,26 +476,15 @@ where
             .await;
     // Only a finished step spends its number; an `Err` (released, in progress,
     // a store failure) hands it back to the next call of this step.
-    if out.is_ok() {
-        occurrence.finish();
-        if !executed.load(std::sync::atomic::Ordering::Relaxed) {
-            flow.mark_replayed();
+    match out {
+        Ok(value) => {
+            occurrence.finish();
+            if !executed.load(std::sync::atomic::Ordering::Relaxed) {
+                flow.mark_replayed();
+            }
+            StepRun::Finished(value, flow, key)
         }
-        return Ok((out, Some((flow, key))));
-    }
-    Ok((out, None))
-}
-
-/// The short hex of a key, written only if the span is recorded. tracing
-/// evaluates span fields even with no subscriber when its `log` feature is on
-/// (sqlx turns it on), so `%key.short()` would allocate on every call.
-struct ShortKey<'a>(&'a Key);
-
-impl std::fmt::Display for ShortKey<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.as_bytes()[..8]
-            .iter()
-            .try_for_each(|b| write!(f, "{b:02x}"))
+        Err(e) => StepRun::Ended(Err(e)),
     }
 }
 
@@ -523,7 +505,7 @@ where
     let Some(store) = store.or_else(crate::install::default_store) else {
         return Err(Error::NoStore.into());
     };
-    let span = tracing::debug_span!("idem", scope = spec.scope, key = %ShortKey(&key), fence = tracing::field::Empty);
+    let span = tracing::debug_span!("idem", scope = spec.scope, key = %key.short(), fence = tracing::field::Empty);
     async move {
         let token = Token::random();
         match acquire(spec, &store, &key, token, fingerprint).await? {

@@ -1,0 +1,398 @@
+//! The [`Runner`]: one delivery through the handler, its outcome mapped to
+//! one broker action, counted.
+
+use std::fmt;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use serde::de::DeserializeOwned;
+
+use crate::error::CodecError;
+use crate::observe::CallOutcome;
+use crate::protocol::report::{self, Noted};
+
+use super::{Acked, Action, BrokerError, Delivery, Source};
+
+#[derive(Default)]
+struct Counters {
+    delivered: AtomicU64,
+    acked: AtomicU64,
+    processed: AtomicU64,
+    deduplicated: AtomicU64,
+    final_errors: AtomicU64,
+    retried: AtomicU64,
+    deferred: AtomicU64,
+    parked: AtomicU64,
+}
+
+/// What one [`Runner`] (and its clones) did so far; the same numbers go to the
+/// `metrics` facade.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Deliveries taken from the broker (a delivery kept and run again after
+    /// `InProgress` counts again).
+    pub delivered: u64,
+    /// Messages acked.
+    pub acked: u64,
+    /// Acked after the body ran.
+    pub processed: u64,
+    /// Acked after a replay.
+    pub deduplicated: u64,
+    /// Acked after a stored final error.
+    pub final_errors: u64,
+    /// Redelivered after a counted failure.
+    pub retried: u64,
+    /// Redelivered after `InProgress`, not counted as failures.
+    pub deferred: u64,
+    /// Parked.
+    pub parked: u64,
+}
+
+impl Stats {
+    /// Redeliveries of either kind.
+    pub fn redelivered(&self) -> u64 {
+        self.retried + self.deferred
+    }
+}
+
+/// Maps a handler's outcome to a broker action, counts it, and carries it out.
+///
+/// `scope` and `event` label the metrics (`idem_consumer_*_total{scope,
+/// event}`); give the attribute's. Cloning shares the counters.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_runtime::consumer::Runner;
+///
+/// let runner = Runner::new("settlement.on_order_paid", "SETTLE")
+///     .max_deliveries(5)
+///     .backoff(Duration::from_secs(1), Duration::from_secs(30))
+///     .in_progress_delay(Duration::from_secs(2));
+/// assert_eq!(runner.stats().delivered, 0);
+/// ```
+#[derive(Clone)]
+pub struct Runner {
+    scope: &'static str,
+    event: &'static str,
+    max_deliveries: u32,
+    first_backoff: Duration,
+    max_backoff: Duration,
+    in_progress_delay: Duration,
+    counters: Arc<Counters>,
+}
+
+impl Runner {
+    /// A runner with the defaults: 5 counted deliveries, backoff from 1 s
+    /// doubling to 30 s, `InProgress` redelivered after 2 s.
+    pub fn new(scope: &'static str, event: &'static str) -> Runner {
+        Runner {
+            scope,
+            event,
+            max_deliveries: 5,
+            first_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(30),
+            in_progress_delay: Duration::from_secs(2),
+            counters: Arc::default(),
+        }
+    }
+
+    /// How many counted deliveries a message gets before it is parked (at
+    /// least 1).
+    pub fn max_deliveries(mut self, n: u32) -> Runner {
+        self.max_deliveries = n.max(1);
+        self
+    }
+
+    /// The delay after the first failure, doubling per failure up to `max`.
+    pub fn backoff(mut self, first: Duration, max: Duration) -> Runner {
+        self.first_backoff = first;
+        self.max_backoff = max.max(first);
+        self
+    }
+
+    /// How long an `InProgress` message waits before it is delivered again:
+    /// about as long as the handler usually takes.
+    pub fn in_progress_delay(mut self, delay: Duration) -> Runner {
+        self.in_progress_delay = delay;
+        self
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> Stats {
+        let c = &*self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Stats {
+            delivered: get(&c.delivered),
+            acked: get(&c.acked),
+            processed: get(&c.processed),
+            deduplicated: get(&c.deduplicated),
+            final_errors: get(&c.final_errors),
+            retried: get(&c.retried),
+            deferred: get(&c.deferred),
+            parked: get(&c.parked),
+        }
+    }
+
+    /// The backoff after the `attempt`-th counted failure.
+    fn backoff_for(&self, attempt: u32) -> Duration {
+        let doublings = attempt.saturating_sub(1).min(31);
+        self.first_backoff
+            .saturating_mul(1u32 << doublings)
+            .min(self.max_backoff)
+    }
+
+    /// Runs `handler` on one delivery and does with the message what its
+    /// outcome says (see the module documentation). The handler is the
+    /// annotated function itself, or a closure around it.
+    ///
+    /// An `Err` is only a broker failure; the handler's own errors and panics
+    /// become redeliveries or parked messages.
+    ///
+    /// Dropping the returned future (a timeout around it, an aborted task)
+    /// acks nothing and releases nothing: the message comes back as after a
+    /// crash, counted, and the key stays claimed until its lease runs out
+    /// (with `tx = tx`, until the dropped transaction rolls back).
+    pub async fn process<D, M, T, E, H, Fut>(
+        &self,
+        delivery: D,
+        handler: &H,
+    ) -> Result<Action, BrokerError>
+    where
+        D: Delivery,
+        M: DeserializeOwned,
+        H: Fn(M) -> Fut + ?Sized,
+        Fut: Future<Output = Result<T, E>>,
+        E: fmt::Debug,
+    {
+        let mut delivery = delivery;
+        loop {
+            self.count(&self.counters.delivered, "idem_consumer_delivered_total");
+            let attempt = delivery.attempt();
+            let decision = match delivery.payload().map(serde_json::from_slice::<M>) {
+                // Counted deliveries past the limit that never got a verdict
+                // from this runner: each ended with its consumer (a crash, a
+                // kill, a hang past the broker's timeout). Running the handler
+                // again would most likely end this consumer too.
+                _ if attempt > self.max_deliveries => Decision::Park(format!(
+                    "delivered {attempt} times, over max_deliveries ({}): the handler was not run; \
+                     the deliveries before ended without an outcome (the consumer crashed, \
+                     was killed or hung)",
+                    self.max_deliveries
+                )),
+                None => Decision::Park("undecodable: the message has no payload".to_owned()),
+                // The reason keeps serde's category and position, not the
+                // value: message bodies hold customers' data and reasons end
+                // up in logs and parking streams.
+                Some(Err(e)) => Decision::Park(format!("undecodable: {}", CodecError::from(e))),
+                Some(Ok(message)) => {
+                    // Inside the async block, so a panic while making the
+                    // future is caught too.
+                    let run = AssertUnwindSafe(async { handler(message).await }).catch_unwind();
+                    match report::observed(run).await {
+                        (Ok(result), noted) => self.decide(&result, noted, attempt),
+                        (Err(panic), _) => {
+                            let why = panic_message(&*panic);
+                            tracing::error!(
+                                scope = self.scope,
+                                event = self.event,
+                                attempt,
+                                panic = why,
+                                "the handler panicked"
+                            );
+                            self.failed(attempt, format!("the handler panicked: {why}"))
+                        }
+                    }
+                }
+            };
+            match decision {
+                Decision::Ack(why) => {
+                    delivery.ack().await?;
+                    self.count(&self.counters.acked, "idem_consumer_acked_total");
+                    match why {
+                        Acked::Processed => {
+                            self.count(&self.counters.processed, "idem_consumer_processed_total")
+                        }
+                        Acked::Deduplicated => self.count(
+                            &self.counters.deduplicated,
+                            "idem_consumer_deduplicated_total",
+                        ),
+                        Acked::FinalError => self.count(
+                            &self.counters.final_errors,
+                            "idem_consumer_final_errors_total",
+                        ),
+                    }
+                    return Ok(Action::Acked(why));
+                }
+                Decision::Retry(after) => {
+                    delivery.retry(after).await?;
+                    self.counters.retried.fetch_add(1, Ordering::Relaxed);
+                    self.redelivered("failed");
+                    return Ok(Action::Retried { after, attempt });
+                }
+                Decision::Defer(after) => {
+                    self.counters.deferred.fetch_add(1, Ordering::Relaxed);
+                    self.redelivered("in_progress");
+                    match delivery.defer(after).await? {
+                        None => return Ok(Action::Deferred { after }),
+                        Some(kept) => delivery = kept,
+                    }
+                }
+                Decision::Park(reason) => {
+                    tracing::warn!(scope = self.scope, event = self.event, attempt, %reason, "parking a message");
+                    delivery.park(&reason).await?;
+                    self.count(&self.counters.parked, "idem_consumer_parked_total");
+                    return Ok(Action::Parked { reason });
+                }
+            }
+        }
+    }
+
+    /// Takes deliveries from `source` and processes them one at a time, until
+    /// the broker fails.
+    pub async fn run<S, M, T, E, H, Fut>(&self, mut source: S, handler: H) -> BrokerError
+    where
+        S: Source,
+        M: DeserializeOwned,
+        H: Fn(M) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        E: fmt::Debug,
+    {
+        loop {
+            let step = match source.next().await {
+                Ok(delivery) => self.process(delivery, &handler).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = step {
+                return e;
+            }
+        }
+    }
+
+    /// A counted failure: another delivery after a backoff, or parked at the
+    /// limit.
+    fn failed(&self, attempt: u32, why: String) -> Decision {
+        if attempt >= self.max_deliveries {
+            Decision::Park(format!(
+                "failed {attempt} counted deliveries; the last: {why}"
+            ))
+        } else {
+            Decision::Retry(self.backoff_for(attempt))
+        }
+    }
+
+    fn decide<T, E: fmt::Debug>(
+        &self,
+        result: &Result<T, E>,
+        noted: Option<Noted>,
+        attempt: u32,
+    ) -> Decision {
+        use CallOutcome as O;
+        let failed = |why: String| self.failed(attempt, why);
+        match (noted, result) {
+            // The handler's call got `Ok` (ran or replayed), and the handler
+            // failed after it: what failed is in no record, and only a
+            // redelivery runs it again (the call then replays).
+            (
+                Some(
+                    Noted::Call {
+                        outcome: O::Executed | O::Replayed,
+                        recorded_err: false,
+                    }
+                    | Noted::Fenced { final_err: false },
+                ),
+                Err(e),
+            ) => failed(format!("{e:?} (after the idempotent call had succeeded)")),
+            (
+                Some(Noted::Call {
+                    outcome: O::Replayed | O::ReplayedUnstored,
+                    ..
+                }),
+                _,
+            ) => Decision::Ack(Acked::Deduplicated),
+            (
+                Some(Noted::Call {
+                    outcome: O::Executed,
+                    recorded_err,
+                }),
+                _,
+            ) => Decision::Ack(if recorded_err {
+                Acked::FinalError
+            } else {
+                Acked::Processed
+            }),
+            // The body ran and a newer owner holds the record: it acks its own
+            // delivery, and this one is done.
+            (Some(Noted::Fenced { .. }), _) => Decision::Ack(Acked::Processed),
+            (Some(Noted::RolledBack), r) => failed(match r {
+                Err(e) => format!("{e:?}"),
+                Ok(_) => "the handler's transaction was rolled back".to_owned(),
+            }),
+            (
+                Some(Noted::Call {
+                    outcome: O::InProgress,
+                    ..
+                }),
+                _,
+            ) => Decision::Defer(self.in_progress_delay),
+            // Never going to succeed as it is: an operator has to look.
+            (
+                Some(Noted::Call {
+                    outcome: O::KeyReuse | O::CodecError | O::NotInTransaction,
+                    ..
+                }),
+                r,
+            ) => Decision::Park(match r {
+                Err(e) => format!("{e:?}"),
+                Ok(_) => "the handler's idempotent call refused it".to_owned(),
+            }),
+            // Not recorded (the store failed to claim or to complete): no ack,
+            // or a crash now would lose the record and the message together.
+            (
+                Some(Noted::Call {
+                    outcome: O::StoreError,
+                    ..
+                }),
+                r,
+            ) => failed(match r {
+                Err(e) => format!("{e:?}"),
+                Ok(_) => "the store could not record the outcome".to_owned(),
+            }),
+            // A handler without the attribute, or one whose call released its
+            // claim (a retryable `Err`) but which recovered: its own result
+            // decides.
+            (_, Ok(_)) => Decision::Ack(Acked::Processed),
+            (_, Err(e)) => failed(format!("{e:?}")),
+        }
+    }
+
+    fn count(&self, counter: &AtomicU64, name: &'static str) {
+        counter.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(name, "scope" => self.scope, "event" => self.event).increment(1);
+    }
+
+    fn redelivered(&self, reason: &'static str) {
+        metrics::counter!("idem_consumer_redelivered_total", "scope" => self.scope, "event" => self.event, "reason" => reason)
+            .increment(1);
+    }
+}
+
+/// What a panic said, for the reason a parked message carries.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Decision {
+    Ack(Acked),
+    Retry(Duration),
+    Defer(Duration),
+    Park(String),
+}

@@ -1,0 +1,78 @@
+//! In-process deliveries for examples and unit tests of handlers.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::{BrokerError, Delivery};
+
+/// A delivery that remembers what was done with it.
+///
+/// ```
+/// use idem_runtime::consumer::testing::Memory;
+/// let d = Memory::new(b"{}");
+/// let log = d.log();
+/// assert!(log.lock().unwrap().is_empty());
+/// ```
+pub struct Memory {
+    body: Vec<u8>,
+    attempt: u32,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Memory {
+    /// A first delivery of `body`.
+    pub fn new(body: &[u8]) -> Memory {
+        Memory {
+            body: body.to_vec(),
+            attempt: 1,
+            log: Arc::default(),
+        }
+    }
+
+    /// The same, as its `attempt`-th counted delivery.
+    pub fn attempt(mut self, attempt: u32) -> Memory {
+        self.attempt = attempt;
+        self
+    }
+
+    /// What was done with it: `ack`, `retry <delay>`, `defer <delay>`,
+    /// `park <reason>`.
+    pub fn log(&self) -> Arc<Mutex<Vec<String>>> {
+        self.log.clone()
+    }
+
+    fn push(&self, what: String) {
+        self.log.lock().expect("log lock").push(what);
+    }
+}
+
+#[async_trait::async_trait]
+impl Delivery for Memory {
+    fn payload(&self) -> Option<&[u8]> {
+        Some(&self.body)
+    }
+
+    fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    async fn ack(self) -> Result<(), BrokerError> {
+        self.push("ack".into());
+        Ok(())
+    }
+
+    async fn retry(self, after: Duration) -> Result<(), BrokerError> {
+        self.push(format!("retry {after:?}"));
+        Ok(())
+    }
+
+    async fn defer(self, after: Duration) -> Result<Option<Self>, BrokerError> {
+        self.push(format!("defer {after:?}"));
+        Ok(None)
+    }
+
+    async fn park(self, reason: &str) -> Result<(), BrokerError> {
+        self.push(format!("park {reason}"));
+        Ok(())
+    }
+}

@@ -1,0 +1,191 @@
+//! The runner's outcome-to-action mapping on the in-memory delivery.
+
+use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::testing::Memory;
+use super::{Acked, Action, Runner};
+use crate::protocol::{Kind, Spec, execute_keeping_final};
+use crate::store::memory::MemoryStore;
+use crate::{Key, StoreRef};
+
+const SPEC: Spec = Spec::new("consumer.tests", Kind::Consumer);
+
+#[derive(Debug, Serialize, Deserialize)]
+enum Failure {
+    Declined,
+    Downstream,
+    // Read through `Debug`, in failure messages.
+    #[allow(dead_code)]
+    #[serde(skip)]
+    Idem(String),
+}
+
+impl From<crate::Error> for Failure {
+    fn from(e: crate::Error) -> Self {
+        Failure::Idem(e.to_string())
+    }
+}
+
+fn runner() -> Runner {
+    Runner::new("consumer.tests", "TEST")
+        .max_deliveries(3)
+        .backoff(Duration::from_millis(100), Duration::from_millis(400))
+}
+
+/// The annotated call: `Declined` is its final error, stored and replayed.
+async fn settle(store: &StoreRef, id: &str, declined: bool) -> Result<u32, Failure> {
+    let key = Key::builder(SPEC.scope).part(id).finish();
+    execute_keeping_final(
+        &SPEC,
+        Some(store.clone()),
+        key,
+        None,
+        |e: &Failure| matches!(e, Failure::Declined),
+        async move {
+            if declined {
+                Err(Failure::Declined)
+            } else {
+                Ok(7)
+            }
+        },
+    )
+    .await
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+/// A message that crashed every earlier consumer comes back with its
+/// count past the limit: it is parked before it can crash this one too.
+#[test]
+fn a_delivery_past_max_deliveries_is_parked_without_running_the_handler() {
+    block_on(async {
+        let calls = AtomicU32::new(0);
+        let handler = |_: String| {
+            calls.fetch_add(1, SeqCst);
+            async { Ok::<(), Failure>(()) }
+        };
+        let d = Memory::new(br#""m-1""#).attempt(4);
+        let log = d.log();
+        let action = runner().process(d, &handler).await.unwrap();
+        assert_eq!(calls.load(SeqCst), 0, "the handler must not run");
+        let Action::Parked { reason } = action else {
+            panic!("{action:?}")
+        };
+        assert!(
+            reason.contains("delivered 4 times") && reason.contains("not run"),
+            "{reason}"
+        );
+        assert_eq!(log.lock().unwrap().len(), 1, "{:?}", log.lock().unwrap());
+    });
+}
+
+/// A panic is a counted failure: retried with backoff, parked at the
+/// limit, and the runner goes on.
+#[test]
+fn a_panicking_handler_is_retried_then_parked() {
+    block_on(async {
+        let handler = |_: String| async {
+            if true {
+                panic!("the handler broke");
+            }
+            Ok::<(), Failure>(())
+        };
+        let first = runner()
+            .process(Memory::new(br#""m-1""#), &handler)
+            .await
+            .unwrap();
+        assert_eq!(
+            first,
+            Action::Retried {
+                after: Duration::from_millis(100),
+                attempt: 1
+            }
+        );
+        let last = runner()
+            .process(Memory::new(br#""m-1""#).attempt(3), &handler)
+            .await
+            .unwrap();
+        let Action::Parked { reason } = last else {
+            panic!("{last:?}")
+        };
+        assert!(
+            reason.starts_with("failed 3 counted deliveries")
+                && reason.contains("the handler broke"),
+            "{reason}"
+        );
+    });
+}
+
+/// The call recorded `Ok`, and the handler's own next effect failed: that
+/// effect is not recorded anywhere, so the message must come back.
+#[test]
+fn an_err_after_a_call_that_succeeded_is_retried() {
+    block_on(async {
+        let store = StoreRef::new(MemoryStore::new());
+        let next_effect_fails = AtomicU32::new(1);
+        let handler = |id: String| {
+            let store = store.clone();
+            let fail = next_effect_fails.load(SeqCst) > 0;
+            async move {
+                settle(&store, &id, false).await?;
+                if fail {
+                    return Err(Failure::Downstream);
+                }
+                Ok(())
+            }
+        };
+        let r = runner();
+        let first = r.process(Memory::new(br#""m-1""#), &handler).await.unwrap();
+        assert_eq!(
+            first,
+            Action::Retried {
+                after: Duration::from_millis(100),
+                attempt: 1
+            }
+        );
+        // The redelivery replays the recorded `Ok` and fails the same way:
+        // a replay acks only what the record holds.
+        let second = r
+            .process(Memory::new(br#""m-1""#).attempt(2), &handler)
+            .await
+            .unwrap();
+        assert!(
+            matches!(second, Action::Retried { attempt: 2, .. }),
+            "{second:?}"
+        );
+        next_effect_fails.store(0, SeqCst);
+        let third = r
+            .process(Memory::new(br#""m-1""#).attempt(3), &handler)
+            .await
+            .unwrap();
+        assert_eq!(third, Action::Acked(Acked::Deduplicated));
+        assert_eq!(r.stats().final_errors, 0, "{:?}", r.stats());
+    });
+}
+
+/// The counterpart: an `Err` the call stored as final is acked, first
+/// time and on replay.
+#[test]
+fn a_stored_final_error_is_acked() {
+    block_on(async {
+        let store = StoreRef::new(MemoryStore::new());
+        let handler = |id: String| {
+            let store = store.clone();
+            async move { settle(&store, &id, true).await.map(|_| ()) }
+        };
+        let r = runner();
+        let first = r.process(Memory::new(br#""m-1""#), &handler).await.unwrap();
+        assert_eq!(first, Action::Acked(Acked::FinalError));
+        let again = r.process(Memory::new(br#""m-1""#), &handler).await.unwrap();
+        assert_eq!(again, Action::Acked(Acked::Deduplicated));
+    });
+}
