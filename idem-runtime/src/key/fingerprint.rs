@@ -12,7 +12,7 @@ pub struct Fingerprint([u8; 32]);
 
 impl Fingerprint {
     /// Starts a fingerprint; add the fields with [`FingerprintBuilder::part`].
-    /// Keyed like [`Key::builder`]: a fingerprint is stored next to its key
+    /// Keyed like [`Key::builder`](crate::Key::builder): a fingerprint is stored next to its key
     /// and its fields can be as guessable.
     pub fn builder() -> FingerprintBuilder {
         Fingerprint::start(secret::installed())

@@ -67,7 +67,7 @@ pub struct KeyEncoder {
 }
 
 impl KeyEncoder {
-    /// An empty encoder. Most code uses [`Key::builder`] instead.
+    /// An empty encoder. Most code uses [`Key::builder`](crate::Key::builder) instead.
     pub fn new() -> Self {
         Self::default()
     }

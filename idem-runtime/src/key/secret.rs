@@ -17,7 +17,7 @@ type HmacSha256 = Hmac<Sha256>;
 /// replica, a backup, a dump, a downstream provider given a derived
 /// `Idempotency-Key`) unless they also hold the secret: the fields cannot be
 /// recovered by hashing guesses. Install it once at start-up with
-/// [`crate::install_key_secret`], or pass it to [`Key::keyed_builder`] in code
+/// [`crate::install_key_secret`], or pass it to [`Key::keyed_builder`](crate::Key::keyed_builder) in code
 /// that does not use the process-wide one.
 ///
 /// The secret must be the same on every replica that shares a store, and the
