@@ -23,6 +23,11 @@ impl Errors {
         self.errors.push(error);
     }
 
+    /// Another collection's errors, after this one's.
+    pub(crate) fn append(&mut self, other: Errors) {
+        self.errors.extend(other.errors);
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.errors.is_empty()
     }

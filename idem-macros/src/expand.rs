@@ -9,7 +9,7 @@ use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{AttrStyle, Attribute, ItemFn, LitStr, Path, ReturnType};
 
-use crate::check::{Compensation, Plan};
+use crate::check::{Compensation, Plan, StepPlan};
 use crate::segments::Segment;
 
 /// `req.user.id` as an expression, spanned on the attribute's string.
@@ -315,20 +315,14 @@ pub(crate) fn idempotent(plan: &Plan<'_>, func: &ItemFn, krate: &Path) -> TokenS
     }
 }
 
-pub(crate) fn step(
-    name: &LitStr,
-    ok: Option<&syn::Type>,
-    err: Option<&syn::Type>,
-    compensation: Option<&Compensation>,
-    func: &ItemFn,
-    krate: &Path,
-) -> TokenStream {
+pub(crate) fn step(plan: &StepPlan<'_>, func: &ItemFn, krate: &Path) -> TokenStream {
     let ItemFn { vis, sig, .. } = func;
     let (attrs, inner_attrs) = split_attrs(func);
-    let checks = type_checks(krate, func, ok, err, false);
+    let checks = type_checks(krate, func, plan.ok_type, plan.err_type, false);
     let dispatch = dispatch(krate, func);
     let body = body_block(func);
-    let call = match compensation {
+    let name = &plan.name;
+    let call = match &plan.compensation {
         None => quote!(__idem_dispatch.run_step(#name, #body).await),
         Some(comp) => compensated_call(name, comp, body, krate),
     };

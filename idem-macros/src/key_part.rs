@@ -1,7 +1,7 @@
-//! `#[derive(KeyPart)]`, in the crate's three stages: read the `#[key_part]`
-//! attributes, check every field against the misuse catalog (the names of
-//! `check::time_like_names`, clock types, floats and maps), then generate an
-//! injective `encode_key`.
+//! `#[derive(KeyPart)]`, in the crate's three stages: `parse` reads the
+//! `#[key_part]` attributes, `check` holds every field against the misuse
+//! catalog (the names of `check::time_like_names`, clock types, floats and
+//! maps) and returns the `Plan`, `expand` generates an injective `encode_key`.
 //!
 //! The encoding, for a fixed type:
 //! - a one-field tuple struct (a newtype, `Sku(u64)`) encodes as its field, so
@@ -17,21 +17,36 @@
 use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::ext::IdentExt;
+use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
-use syn::{Data, DeriveInput, Fields, Ident, LitStr, Path};
+use syn::{Data, DeriveInput, Fields, Generics, Ident, LitStr, Path, Token, Type, Variant};
 
 use crate::check::{clock_types, time_like_names, unkeyable_types};
 use crate::errors::Errors;
 
-/// `#[key_part(crate = "…")]` on the type.
-struct ContainerArgs {
-    krate: Option<Path>,
+/// The `#[key_part]` attributes, as written.
+pub(crate) struct Args {
+    /// `#[key_part(crate = "…")]` on the type.
+    pub krate: Option<Path>,
+    /// One per field, in declaration order (variant by variant in an enum).
+    fields: Vec<FieldArgs>,
+}
+
+struct FieldArgs {
+    /// Where `#[key_part(allow)]` is, if it is there.
+    allow: Option<Span>,
+    /// Problems in the field's own attributes. Reported with the field's
+    /// checks, so each field's problems read together, in field order.
+    errors: Errors,
 }
 
 /// Stage 1: the attributes. `allow` is only valid on a field, `crate` only on
 /// the type.
-fn container_args(input: &DeriveInput, errors: &mut Errors) -> ContainerArgs {
-    let mut args = ContainerArgs { krate: None };
+pub(crate) fn parse(input: &DeriveInput, errors: &mut Errors) -> Args {
+    let mut args = Args {
+        krate: None,
+        fields: Vec::new(),
+    };
     for attr in input.attrs.iter().filter(|a| a.path().is_ident("key_part")) {
         let parsed = attr.parse_nested_meta(|meta| {
             if meta.path.is_ident("crate") {
@@ -59,11 +74,25 @@ fn container_args(input: &DeriveInput, errors: &mut Errors) -> ContainerArgs {
             errors.push(e);
         }
     }
+    args.fields = all_fields(input).map(field_args).collect();
     args
 }
 
-/// Whether a field is marked `#[key_part(allow)]`, and where.
-fn field_allow(field: &syn::Field, errors: &mut Errors) -> Option<Span> {
+/// Every field of a struct, or of each variant of an enum in turn.
+fn all_fields(input: &DeriveInput) -> impl Iterator<Item = &syn::Field> {
+    let (fields, variants) = match &input.data {
+        Data::Struct(s) => (Some(&s.fields), None),
+        Data::Enum(e) => (None, Some(&e.variants)),
+        Data::Union(_) => (None, None),
+    };
+    fields
+        .into_iter()
+        .flatten()
+        .chain(variants.into_iter().flatten().flat_map(|v| &v.fields))
+}
+
+fn field_args(field: &syn::Field) -> FieldArgs {
+    let mut errors = Errors::default();
     let mut allow = None;
     for attr in field.attrs.iter().filter(|a| a.path().is_ident("key_part")) {
         let parsed = attr.parse_nested_meta(|meta| {
@@ -83,12 +112,82 @@ fn field_allow(field: &syn::Field, errors: &mut Errors) -> Option<Span> {
             errors.push(e);
         }
     }
-    allow
+    FieldArgs { allow, errors }
 }
 
-/// Stage 2: one field against the misuse catalog.
-fn check_field(ty_name: &str, index: usize, field: &syn::Field, errors: &mut Errors) {
-    let allow = field_allow(field, errors);
+/// Everything expansion needs, validated.
+pub(crate) struct Plan<'a> {
+    ident: &'a Ident,
+    generics: &'a Generics,
+    shape: Shape<'a>,
+}
+
+/// What `encode_key` writes, by the kind of type.
+enum Shape<'a> {
+    /// A one-field tuple struct: the field alone.
+    Newtype(&'a Type),
+    /// The field count, then each field.
+    Struct(&'a Fields),
+    /// The variant's name, then its field count and fields.
+    Enum(&'a Punctuated<Variant, Token![,]>),
+}
+
+/// Stage 2: every field against the misuse catalog. `None` for a union,
+/// which has no encoding to generate.
+pub(crate) fn check<'a>(
+    args: Args,
+    input: &'a DeriveInput,
+    errors: &mut Errors,
+) -> Option<Plan<'a>> {
+    let ty_name = input.ident.to_string();
+    let mut fields = args.fields.into_iter();
+    let shape = match &input.data {
+        Data::Struct(s) => {
+            for ((i, f), a) in s.fields.iter().enumerate().zip(&mut fields) {
+                check_field(&ty_name, i, f, a, errors);
+            }
+            match &s.fields {
+                // A newtype is its field: `Sku(u64)` keys like the `u64` it wraps.
+                Fields::Unnamed(u) if u.unnamed.len() == 1 => {
+                    Shape::Newtype(&u.unnamed.first().expect("one field").ty)
+                }
+                other => Shape::Struct(other),
+            }
+        }
+        Data::Enum(e) => {
+            for v in &e.variants {
+                for ((i, f), a) in v.fields.iter().enumerate().zip(&mut fields) {
+                    let name = format!("{ty_name}::{}", v.ident);
+                    check_field(&name, i, f, a, errors);
+                }
+            }
+            Shape::Enum(&e.variants)
+        }
+        Data::Union(u) => {
+            errors.error(
+                u.union_token,
+                "`KeyPart` cannot be derived for a union: which field holds the value is not known, so it has no stable encoding",
+            );
+            return None;
+        }
+    };
+    Some(Plan {
+        ident: &input.ident,
+        generics: &input.generics,
+        shape,
+    })
+}
+
+/// One field against the misuse catalog, after the problems of its attributes.
+fn check_field(
+    ty_name: &str,
+    index: usize,
+    field: &syn::Field,
+    args: FieldArgs,
+    errors: &mut Errors,
+) {
+    errors.append(args.errors);
+    let allow = args.allow;
     let label = match &field.ident {
         Some(ident) => format!("`{}`", ident.unraw()),
         None => format!("{index}"),
@@ -139,7 +238,7 @@ fn binding(index: usize, field: &syn::Field) -> Ident {
     }
 }
 
-/// Stage 3, one set of fields: the count, then each field, each call spanned
+/// One set of fields: the count, then each field, each call spanned
 /// on the field's type so an unsupported type is reported there.
 fn encode_fields(krate: &Path, fields: &Fields) -> TokenStream {
     let count = fields.len();
@@ -166,54 +265,27 @@ fn pattern(path: TokenStream, fields: &Fields) -> TokenStream {
     }
 }
 
-pub(crate) fn derive(input: DeriveInput) -> TokenStream {
-    let mut errors = Errors::default();
-    let args = container_args(&input, &mut errors);
-    let ty_name = input.ident.to_string();
-    match &input.data {
-        Data::Struct(s) => {
-            for (i, f) in s.fields.iter().enumerate() {
-                check_field(&ty_name, i, f, &mut errors);
-            }
-        }
-        Data::Enum(e) => {
-            for v in &e.variants {
-                for (i, f) in v.fields.iter().enumerate() {
-                    let name = format!("{ty_name}::{}", v.ident);
-                    check_field(&name, i, f, &mut errors);
-                }
-            }
-        }
-        Data::Union(u) => errors.error(
-            u.union_token,
-            "`KeyPart` cannot be derived for a union: which field holds the value is not known, so it has no stable encoding",
-        ),
-    }
-    if !errors.is_empty() {
-        return errors.into_compile_errors();
-    }
-    let krate = crate::expand::runtime_path(args.krate);
-    let body = match &input.data {
-        // A newtype is its field: `Sku(u64)` keys like the `u64` it wraps.
-        Data::Struct(s) if matches!(&s.fields, Fields::Unnamed(u) if u.unnamed.len() == 1) => {
-            let ty = &s.fields.iter().next().expect("one field").ty;
+/// Stage 3: the `KeyPart` impl.
+pub(crate) fn expand(plan: &Plan<'_>, krate: &Path) -> TokenStream {
+    let body = match &plan.shape {
+        Shape::Newtype(ty) => {
             quote_spanned!(ty.span()=> <#ty as #krate::KeyPart>::encode_key(&self.0, __idem_enc);)
         }
-        Data::Struct(s) => {
-            let pat = pattern(quote!(Self), &s.fields);
-            let fields = encode_fields(&krate, &s.fields);
+        Shape::Struct(fields) => {
+            let pat = pattern(quote!(Self), fields);
+            let fields = encode_fields(krate, fields);
             quote! {
                 let #pat = self;
                 #fields
             }
         }
-        Data::Enum(e) if e.variants.is_empty() => quote!(match *self {}),
-        Data::Enum(e) => {
-            let arms = e.variants.iter().map(|v| {
+        Shape::Enum(variants) if variants.is_empty() => quote!(match *self {}),
+        Shape::Enum(variants) => {
+            let arms = variants.iter().map(|v| {
                 let ident = &v.ident;
                 let name = ident.unraw().to_string();
                 let pat = pattern(quote!(Self::#ident), &v.fields);
-                let fields = encode_fields(&krate, &v.fields);
+                let fields = encode_fields(krate, &v.fields);
                 quote! {
                     #pat => {
                         __idem_enc.write_str(#name);
@@ -227,10 +299,9 @@ pub(crate) fn derive(input: DeriveInput) -> TokenStream {
                 }
             }
         }
-        Data::Union(_) => unreachable!("reported above"),
     };
-    let ident = &input.ident;
-    let mut generics = input.generics.clone();
+    let ident = plan.ident;
+    let mut generics = plan.generics.clone();
     for param in generics.type_params_mut() {
         param.bounds.push(syn::parse_quote!(#krate::KeyPart));
     }

@@ -1,11 +1,13 @@
 //! The attribute macros of idem. Depend on `idem-runtime`, which re-exports
 //! them; the generated code needs it.
 //!
-//! Each macro is three stages, in three modules: `args` parses the options,
-//! `check` applies the misuse catalog, `expand` generates code. Problems from
-//! the first two are collected and reported together, and the original function
-//! is emitted beside them, so the user sees those errors and not a cascade of
-//! "cannot find function" errors at every call site.
+//! Each macro is three stages: parse the options, check them against the
+//! misuse catalog into a plan, expand the plan. For the two attributes they
+//! are three modules, `args`, `check` (`Plan`, `StepPlan`) and `expand`; the
+//! derive keeps its three in `key_part`. Problems from the first two are
+//! collected and reported together, and the original function is emitted
+//! beside them, so the user sees those errors and not a cascade of "cannot
+//! find function" errors at every call site.
 
 mod args;
 mod check;
@@ -240,11 +242,9 @@ pub fn step(attr: TokenStream, item: TokenStream) -> TokenStream {
     let mut errors = Errors::default();
     let mut args = args::parse_step(attr.into(), &mut errors);
     let krate = expand::runtime_path(args.krate.take());
-    let ((ok, err), compensation) = check::step(&args, &func, &mut errors);
-    match args.name {
-        Some(name) if errors.is_empty() => {
-            expand::step(&name, ok, err, compensation.as_ref(), &func, &krate).into()
-        }
+    let plan = check::step(args, &func, &mut errors);
+    match plan {
+        Some(plan) if errors.is_empty() => expand::step(&plan, &func, &krate).into(),
         _ => with_errors(item2, errors.into_compile_errors()),
     }
 }
@@ -303,9 +303,17 @@ pub fn step(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// when it is reached through a re-export.
 #[proc_macro_derive(KeyPart, attributes(key_part))]
 pub fn derive_key_part(item: TokenStream) -> TokenStream {
-    match syn::parse::<syn::DeriveInput>(item) {
-        Ok(input) => key_part::derive(input).into(),
-        Err(e) => e.to_compile_error().into(),
+    let input: syn::DeriveInput = match syn::parse(item) {
+        Ok(input) => input,
+        Err(e) => return e.to_compile_error().into(),
+    };
+    let mut errors = Errors::default();
+    let mut args = key_part::parse(&input, &mut errors);
+    let krate = expand::runtime_path(args.krate.take());
+    match key_part::check(args, &input, &mut errors) {
+        Some(plan) if errors.is_empty() => key_part::expand(&plan, &krate).into(),
+        // A derive is not re-emitted: the type itself is still there.
+        _ => errors.into_compile_errors().into(),
     }
 }
 

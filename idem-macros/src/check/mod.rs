@@ -240,8 +240,13 @@ fn check_segment(
     }
 }
 
-/// The step's `T` and `E`, when written out.
-pub(crate) type StepTypes<'a> = (Option<&'a Type>, Option<&'a Type>);
+/// Everything the expansion of `#[step]` needs, validated.
+pub(crate) struct StepPlan<'a> {
+    pub name: LitStr,
+    pub ok_type: Option<&'a Type>,
+    pub err_type: Option<&'a Type>,
+    pub compensation: Option<Compensation>,
+}
 
 /// A step's compensation, validated.
 pub(crate) enum Compensation {
@@ -251,11 +256,13 @@ pub(crate) enum Compensation {
     Free(LitStr, syn::Path),
 }
 
+/// `None` without a usable name: there is nothing to expand, and the error
+/// says so.
 pub(crate) fn step<'a>(
-    args: &StepArgs,
+    args: StepArgs,
     func: &'a ItemFn,
     errors: &mut Errors,
-) -> (StepTypes<'a>, Option<Compensation>) {
+) -> Option<StepPlan<'a>> {
     let result = signature::check(&func.sig, "step", errors);
     match &args.name {
         None => errors.at(
@@ -275,11 +282,12 @@ pub(crate) fn step<'a>(
         .compensate
         .as_ref()
         .and_then(|lit| compensation(lit, func, errors));
-    let types = match result {
-        Some(r) => (Some(r.ok), r.err),
-        None => (None, None),
-    };
-    (types, compensation)
+    Some(StepPlan {
+        name: args.name?,
+        ok_type: result.as_ref().map(|r| r.ok),
+        err_type: result.and_then(|r| r.err),
+        compensation,
+    })
 }
 
 fn compensation(lit: &LitStr, func: &ItemFn, errors: &mut Errors) -> Option<Compensation> {

@@ -24,7 +24,8 @@ use crate::error::StoreError;
 use crate::store::{Claim, ClaimRequest};
 
 use super::record::{self, Record};
-use super::{RedisStore, bytes, fingerprint, int, millis};
+use super::reply::{bytes, fingerprint, int};
+use super::{RedisStore, millis};
 
 static RECLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("reclaim.lua")));
 

@@ -1,3 +1,7 @@
+// Over 600 lines: two claim statements (CLAIM, TAKE), each with the argument
+// that keeps it safe inside a caller's transaction, and the doc examples of
+// the public API. The SQL stays next to the code that binds it.
+
 //! PostgreSQL store through sqlx: records shared by every replica of a service,
 //! leases on the database server's clock, and claims that can join the
 //! caller's own transaction. The dialect's statements, clock and migration
@@ -647,9 +651,6 @@ impl Dialect for Postgres {
         Ok(done.rows_affected())
     }
 
-    /// One transaction under `pg_advisory_xact_lock` does it all: DDL is
-    /// transactional here, so a second process waits and then finds
-    /// everything applied.
     async fn stats(
         conn: &mut PgConnection,
         _: &dyn Clock,
@@ -663,6 +664,9 @@ impl Dialect for Postgres {
         Ok(super::store::stats_of(row))
     }
 
+    /// One transaction under `pg_advisory_xact_lock` does it all: DDL is
+    /// transactional here, so a second process waits and then finds
+    /// everything applied.
     async fn migrate(conn: &mut PoolConnection<Postgres>) -> Result<(), sqlx::Error> {
         let mut tx = conn.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")

@@ -443,8 +443,6 @@ impl Dialect for Sqlite {
         Ok(done.rows_affected())
     }
 
-    /// Each migration in its own write transaction: SQLite serialises them,
-    /// and a second process finds the ledger row and skips.
     async fn stats(
         conn: &mut SqliteConnection,
         clock: &dyn Clock,
@@ -456,6 +454,8 @@ impl Dialect for Sqlite {
         Ok(super::store::stats_of(row))
     }
 
+    /// Each migration in its own write transaction: SQLite serialises them,
+    /// and a second process finds the ledger row and skips.
     async fn migrate(conn: &mut PoolConnection<Sqlite>) -> Result<(), sqlx::Error> {
         sqlx::query(schema_migrations::SQLITE_LEDGER)
             .execute(&mut **conn)

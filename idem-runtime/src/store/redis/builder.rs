@@ -1,0 +1,320 @@
+//! Making a store: its options, connecting to one node or to a cluster, and
+//! the checks that fail before any command is sent.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::{ConnectionInfo, IntoConnectionInfo};
+
+use crate::error::StoreError;
+use crate::store::DEFAULT_MAX_RESULT_BYTES;
+
+use super::connection::Connection;
+use super::{Inner, RedisStore};
+
+const SINGLE: &str = "redis";
+const CLUSTER: &str = "redis-cluster";
+
+/// Configures a [`RedisStore`].
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use idem_runtime::store::redis::RedisStore;
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let store = RedisStore::builder()
+///     .key_prefix("orders:idem:")
+///     .max_result_bytes(64 * 1024)
+///     .response_timeout(Duration::from_secs(1))
+///     .connect("redis://127.0.0.1:6379")
+///     .await?;
+/// # Ok::<(), idem_runtime::StoreError>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug, Clone)]
+pub struct RedisStoreBuilder {
+    key_prefix: String,
+    max_result_bytes: usize,
+    connection_timeout: Duration,
+    response_timeout: Duration,
+    reconnect_retries: usize,
+}
+
+impl RedisStoreBuilder {
+    /// What every record's key starts with (default `idem:`); a record's key
+    /// is the prefix followed by `{<64 hex of the key>}`. Give each
+    /// application sharing a database its own. It may not contain `{` or `}`,
+    /// which would change the hash tag a cluster places keys by.
+    ///
+    /// ```
+    /// use idem_runtime::store::redis::RedisStore;
+    ///
+    /// let builder = RedisStore::builder().key_prefix("billing:idem:");
+    /// # let _ = builder;
+    /// ```
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// The largest result kept (default 1 MiB). Larger results are not
+    /// stored; duplicates get `Error::ResultTooLarge`.
+    ///
+    /// ```
+    /// use idem_runtime::store::redis::RedisStore;
+    ///
+    /// let builder = RedisStore::builder().max_result_bytes(256 * 1024);
+    /// # let _ = builder;
+    /// ```
+    pub fn max_result_bytes(mut self, limit: usize) -> Self {
+        self.max_result_bytes = limit;
+        self
+    }
+
+    /// How long one connection attempt may take (default 1 s).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_runtime::store::redis::RedisStore;
+    ///
+    /// let builder = RedisStore::builder().connection_timeout(Duration::from_millis(500));
+    /// # let _ = builder;
+    /// ```
+    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// How long a command may wait for its answer (default 2 s; on a cluster,
+    /// including redirections and retries). A call whose claim times out
+    /// fails with `Error::Store` and does not run its body.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_runtime::store::redis::RedisStore;
+    ///
+    /// let builder = RedisStore::builder().response_timeout(Duration::from_secs(1));
+    /// # let _ = builder;
+    /// ```
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// How many times a single-node store retries connecting, with a growing
+    /// delay, before a call fails (default 3: calls fail within about a
+    /// second while the server is down, and the store reconnects by itself
+    /// once it is back).
+    ///
+    /// ```
+    /// use idem_runtime::store::redis::RedisStore;
+    ///
+    /// let builder = RedisStore::builder().reconnect_retries(1);
+    /// # let _ = builder;
+    /// ```
+    pub fn reconnect_retries(mut self, retries: usize) -> Self {
+        self.reconnect_retries = retries;
+        self
+    }
+
+    /// Connects to a single node (`redis://[:password@]host[:port][/db]`,
+    /// `rediss://…` where TLS is built in, `unix://…`). Fails if the server
+    /// cannot be reached; afterwards the store reconnects by itself.
+    ///
+    /// ```no_run
+    /// use idem_runtime::store::redis::RedisStore;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let store = RedisStore::builder().connect("redis://127.0.0.1:6379/0").await?;
+    /// # Ok::<(), idem_runtime::StoreError>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn connect(self, url: &str) -> Result<RedisStore, StoreError> {
+        let (info, location) = parse(SINGLE, url)?;
+        self.check_prefix(SINGLE, &location)?;
+        let client =
+            redis::Client::open(info).map_err(|e| StoreError::new(SINGLE, &location, e))?;
+        let manager = ConnectionManager::new_with_config(client, self.manager_config())
+            .await
+            .map_err(|e| StoreError::new(SINGLE, &location, e))?;
+        Ok(self.finish(Connection::Single(manager), SINGLE, location))
+    }
+
+    /// Like [`connect`](Self::connect), but connects on first use: a service
+    /// can start while Redis is still down, and its calls fail with
+    /// `Error::Store` (without running their bodies) until Redis is up. Only
+    /// a malformed URL fails here. Call it inside a Tokio runtime.
+    ///
+    /// ```no_run
+    /// use idem_runtime::store::redis::RedisStore;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let store = RedisStore::builder().connect_lazy("redis://127.0.0.1:6379")?;
+    /// # Ok::<(), idem_runtime::StoreError>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn connect_lazy(self, url: &str) -> Result<RedisStore, StoreError> {
+        let (info, location) = parse(SINGLE, url)?;
+        self.check_prefix(SINGLE, &location)?;
+        let client =
+            redis::Client::open(info).map_err(|e| StoreError::new(SINGLE, &location, e))?;
+        let manager = ConnectionManager::new_lazy_with_config(client, self.manager_config())
+            .map_err(|e| StoreError::new(SINGLE, &location, e))?;
+        Ok(self.finish(Connection::Single(manager), SINGLE, location))
+    }
+
+    /// Connects to a Redis Cluster through any of its nodes (all URLs share
+    /// the cluster's password). The client follows the cluster's slot map and
+    /// its redirections; because every record is one hash-tagged key, each
+    /// operation lands on exactly one slot.
+    ///
+    /// ```no_run
+    /// use idem_runtime::store::redis::RedisStore;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let store = RedisStore::builder()
+    ///     .connect_cluster(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"])
+    ///     .await?;
+    /// # Ok::<(), idem_runtime::StoreError>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn connect_cluster<I, S>(self, urls: I) -> Result<RedisStore, StoreError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut infos = Vec::new();
+        for url in urls {
+            infos.push(parse(CLUSTER, url.as_ref())?.0);
+        }
+        let location = infos
+            .iter()
+            .map(|i| i.addr().to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        if infos.is_empty() {
+            return Err(StoreError::new(
+                CLUSTER,
+                "no nodes",
+                "connect_cluster needs at least one node URL",
+            ));
+        }
+        self.check_prefix(CLUSTER, &location)?;
+        let client = ClusterClientBuilder::new(infos)
+            .connection_timeout(self.connection_timeout)
+            .response_timeout(self.response_timeout)
+            .build()
+            .map_err(|e| StoreError::new(CLUSTER, &location, e))?;
+        let conn = client
+            .get_async_connection()
+            .await
+            .map_err(|e| StoreError::new(CLUSTER, &location, e))?;
+        Ok(self.finish(Connection::Cluster(conn), CLUSTER, location))
+    }
+
+    fn manager_config(&self) -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connection_timeout))
+            .set_response_timeout(Some(self.response_timeout))
+            .set_number_of_retries(self.reconnect_retries)
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(Duration::from_millis(500))
+    }
+
+    fn check_prefix(&self, backend: &'static str, location: &str) -> Result<(), StoreError> {
+        if self.key_prefix.contains(['{', '}']) {
+            return Err(StoreError::new(
+                backend,
+                location,
+                format!(
+                    "the key prefix {:?} contains a brace: it would replace the hash tag that places each record in its own cluster slot",
+                    self.key_prefix
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn finish(self, conn: Connection, backend: &'static str, location: String) -> RedisStore {
+        RedisStore {
+            inner: Arc::new(Inner {
+                conn,
+                backend,
+                location,
+                key_prefix: self.key_prefix,
+                max_result_bytes: self.max_result_bytes,
+            }),
+        }
+    }
+}
+
+/// Parses a URL and names its address (host:port or a socket path), the only
+/// part of it errors ever show.
+fn parse(backend: &'static str, url: &str) -> Result<(ConnectionInfo, String), StoreError> {
+    // redis-rs's parse errors describe the problem, not the URL.
+    let info = url
+        .into_connection_info()
+        .map_err(|e| StoreError::new(backend, "an unparsable URL", e))?;
+    let location = info.addr().to_string();
+    Ok((info, location))
+}
+
+impl RedisStore {
+    /// Connects to a single node with the defaults (see [`RedisStoreBuilder`]).
+    ///
+    /// ```no_run
+    /// use idem_runtime::store::redis::RedisStore;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let store = RedisStore::connect("redis://:secret@127.0.0.1:6379").await?;
+    /// # Ok::<(), idem_runtime::StoreError>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn connect(url: &str) -> Result<RedisStore, StoreError> {
+        RedisStore::builder().connect(url).await
+    }
+
+    /// Connects to a Redis Cluster with the defaults (see
+    /// [`RedisStoreBuilder::connect_cluster`]).
+    ///
+    /// ```no_run
+    /// use idem_runtime::store::redis::RedisStore;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let store = RedisStore::connect_cluster([
+    ///     "redis://127.0.0.1:7101",
+    ///     "redis://127.0.0.1:7102",
+    ///     "redis://127.0.0.1:7103",
+    /// ])
+    /// .await?;
+    /// # Ok::<(), idem_runtime::StoreError>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn connect_cluster<I, S>(urls: I) -> Result<RedisStore, StoreError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        RedisStore::builder().connect_cluster(urls).await
+    }
+
+    /// Configures a store.
+    ///
+    /// ```
+    /// use idem_runtime::store::redis::RedisStore;
+    ///
+    /// let builder = RedisStore::builder().key_prefix("idem:");
+    /// # let _ = builder;
+    /// ```
+    pub fn builder() -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            key_prefix: "idem:".to_owned(),
+            max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
+            connection_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(2),
+            reconnect_retries: 3,
+        }
+    }
+}
