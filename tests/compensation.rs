@@ -13,7 +13,8 @@ use idem_runtime::ManualClock;
 use idem_runtime::store::memory::MemoryStore;
 use idem_runtime::store::redis::RedisStore;
 use idem_runtime::store::sql::{PgStore, SqliteStore};
-use idem_runtime::{StoreRef, Token, idempotent, step};
+use idem_runtime::{StoreRef, idempotent, step};
+use idem_runtime::store::Token;
 use idem_tests::services;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, oneshot};
@@ -142,7 +143,7 @@ impl Shop {
 }
 
 fn order_no() -> String {
-    let hex: String = Token::random().0[..6]
+    let hex: String = Token::random().as_bytes()[..6]
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();

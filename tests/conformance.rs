@@ -26,7 +26,7 @@ async fn sqlite_file() -> Subject {
     let path = std::env::temp_dir().join(format!(
         "idem-conformance-{}-{}.db",
         std::process::id(),
-        idem_runtime::Token::random().0[0] as u32 * 1000 + rand_suffix()
+        idem_runtime::store::Token::random().as_bytes()[0] as u32 * 1000 + rand_suffix()
     ));
     let store = SqliteStore::builder()
         .clock(clock.clone())
@@ -76,7 +76,7 @@ async fn sqlite_file_shared_by_two_pools() {
         let store = if i % 2 == 0 { a.clone() } else { b.clone() };
         let runs = runs.clone();
         tasks.push(tokio::spawn(async move {
-            execute::<u32, Error, _>(&SPEC, Some(store), key, None, async {
+            execute::<u32, _, Error, _>(&SPEC, Some(store), key, None, async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 Ok(7)
@@ -169,11 +169,11 @@ async fn sqlite_store_that_skips_migrations_runs_no_ddl() {
         .await
         .expect("open without migrating");
     let key = idem_tests::conformance::fresh_key("skip-migrations");
-    let claimed = idem_runtime::Store::claim(
+    let claimed = idem_runtime::store::Store::claim(
         &store,
-        idem_runtime::ClaimRequest {
+        idem_runtime::store::ClaimRequest {
             key: &key,
-            token: idem_runtime::Token::random(),
+            token: idem_runtime::store::Token::random(),
             fingerprint: None,
             lease: std::time::Duration::from_secs(30),
             ttl: std::time::Duration::from_secs(60),
@@ -182,7 +182,7 @@ async fn sqlite_store_that_skips_migrations_runs_no_ddl() {
     .await
     .unwrap();
     assert!(
-        matches!(claimed, idem_runtime::Claim::Acquired { .. }),
+        matches!(claimed, idem_runtime::store::Claim::Acquired { .. }),
         "{claimed:?}"
     );
     let ledgers: i64 = sqlx::query_scalar(

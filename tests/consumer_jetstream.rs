@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, Context, stream};
 use futures_util::StreamExt;
-use idem_runtime::consumer::jetstream::JetStream;
+use idem_runtime::consumer::jetstream::JetStreamSource;
 use idem_tests::consumer::*;
 use idem_tests::services;
 
@@ -46,7 +46,7 @@ impl Nats {
 
 #[async_trait::async_trait]
 impl Broker for Nats {
-    type Src = JetStream;
+    type Src = JetStreamSource;
 
     async fn publish_raw(&self, body: Vec<u8>) {
         self.js
@@ -57,17 +57,17 @@ impl Broker for Nats {
             .unwrap();
     }
 
-    async fn consumer(&self, _name: &str) -> JetStream {
+    async fn consumer(&self, _name: &str) -> JetStreamSource {
         // A connection per consumer, as separate processes would have. The
         // ack wait is short so a dead consumer's message comes back quickly.
         let client = async_nats::connect(self.url.as_str()).await.unwrap();
-        JetStream::builder(
+        JetStreamSource::builder(
             &self.stream,
             "settlement",
             &format!("{}.parked", self.subject),
         )
         .ack_wait(Duration::from_secs(2))
-        .consume(&jetstream::new(client))
+        .connect(&jetstream::new(client))
         .await
         .unwrap()
     }

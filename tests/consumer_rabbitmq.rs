@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use futures_util::StreamExt;
-use idem_runtime::consumer::rabbitmq::{self, RabbitMq};
+use idem_runtime::consumer::rabbitmq::{self, RabbitMqSource};
 use idem_tests::consumer::*;
 use idem_tests::services;
 use lapin::options::{BasicConsumeOptions, QueueDeclareOptions, QueueDeleteOptions};
@@ -26,7 +26,7 @@ impl Rabbit {
         let conn = services::reachable("RabbitMQ", &url, rabbitmq::connect(&url).await)?;
         let channel = conn.create_channel().await.unwrap();
         let queue = format!("idem-test-consumer-{}", suffix());
-        RabbitMq::declare(&channel, &queue).await.unwrap();
+        RabbitMqSource::declare(&channel, &queue).await.unwrap();
         channel.confirm_select(Default::default()).await.unwrap();
         Some(Rabbit {
             conn,
@@ -55,7 +55,7 @@ impl Rabbit {
 
 #[async_trait::async_trait]
 impl Broker for Rabbit {
-    type Src = RabbitMq;
+    type Src = RabbitMqSource;
 
     async fn publish_raw(&self, body: Vec<u8>) {
         let props = lapin::BasicProperties::default().with_delivery_mode(2);
@@ -67,12 +67,12 @@ impl Broker for Rabbit {
             .unwrap();
     }
 
-    async fn consumer(&self, name: &str) -> RabbitMq {
+    async fn consumer(&self, name: &str) -> RabbitMqSource {
         let conn = rabbitmq::connect(&services::rabbitmq_url()).await.unwrap();
         let channel = conn.create_channel().await.unwrap();
         // Prefetch 1: a consumer busy with one message leaves the rest to the
         // other, which the in-progress scenario relies on.
-        let source = RabbitMq::consume(channel, &self.queue, name, 1)
+        let source = RabbitMqSource::builder(&self.queue, name).connect(channel)
             .await
             .unwrap();
         self.consumers.lock().unwrap().insert(name.to_owned(), conn);

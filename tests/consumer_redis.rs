@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use idem_runtime::consumer::redis_streams::{self, RedisStreams};
+use idem_runtime::consumer::redis_streams::{self, RedisStreamsSource};
 use idem_tests::consumer::*;
 use idem_tests::services;
 use redis::aio::MultiplexedConnection;
@@ -40,7 +40,7 @@ impl Streams {
 
 #[async_trait::async_trait]
 impl Broker for Streams {
-    type Src = RedisStreams;
+    type Src = RedisStreamsSource;
 
     async fn publish_raw(&self, body: Vec<u8>) {
         let _: String = redis::cmd("XADD")
@@ -53,10 +53,10 @@ impl Broker for Streams {
             .unwrap();
     }
 
-    async fn consumer(&self, name: &str) -> RedisStreams {
+    async fn consumer(&self, name: &str) -> RedisStreamsSource {
         // Short idle and block times keep the suite quick; they bound the
         // delays, which is fine here.
-        RedisStreams::builder(&self.stream, &self.group, name)
+        RedisStreamsSource::builder(&self.stream, &self.group, name)
             .claim_idle(Duration::from_millis(1500))
             .block(Duration::from_millis(200))
             .connect(&self.client)

@@ -25,7 +25,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use idem_runtime::Token;
+use idem_runtime::store::Token;
 use idem_runtime::store::redis::RedisStore;
 use idem_tests::services;
 use sqlx::postgres::PgPoolOptions;
@@ -44,7 +44,7 @@ const STOCK: i64 = 10;
 const KILL_POINTS: [&str; 2] = ["before-write", "after-write"];
 
 fn random_hex() -> String {
-    Token::random().0[..6]
+    Token::random().as_bytes()[..6]
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()

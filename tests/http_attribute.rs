@@ -70,16 +70,16 @@ async fn a_replay_is_told_apart_from_a_first_execution() {
     let runs = Arc::new(AtomicUsize::new(0));
     // The inner call is already done: inside the outer body it replays, which
     // does not make the outer call a replay.
-    execute::<u32, Error, _>(&INNER, Some(store.clone()), inner_key, None, async {
+    execute::<u32, _, Error, _>(&INNER, Some(store.clone()), inner_key, None, async {
         Ok(5)
     })
     .await
     .unwrap();
     let call = || {
         let (store, runs) = (store.clone(), runs.clone());
-        execute::<u32, Error, _>(&SPEC, Some(store.clone()), key, None, async move {
+        execute::<u32, _, Error, _>(&SPEC, Some(store.clone()), key, None, async move {
             runs.fetch_add(1, SeqCst);
-            execute::<u32, Error, _>(&INNER, Some(store), inner_key, None, async { Ok(6) }).await
+            execute::<u32, _, Error, _>(&INNER, Some(store), inner_key, None, async { Ok(6) }).await
         })
     };
     let (first, replayed) = track_replays(call()).await;

@@ -79,15 +79,15 @@ fn calls_are_counted_by_outcome_scope_and_kind() {
             let key = idem_runtime::Key::builder("observe.create")
                 .part(&3u64)
                 .finish();
-            let stale = idem_runtime::Token::random();
-            let req = idem_runtime::ClaimRequest {
+            let stale = idem_runtime::store::Token::random();
+            let req = idem_runtime::store::ClaimRequest {
                 key: &key,
                 token: stale,
                 fingerprint: None,
                 lease: Duration::from_secs(30),
                 ttl: Duration::from_secs(3600),
             };
-            idem_runtime::Store::claim(&svc.store, req).await.unwrap();
+            idem_runtime::store::Store::claim(&svc.store, req).await.unwrap();
             assert!(matches!(
                 svc.create(3).await,
                 Err(AppError(idem_runtime::Error::InProgress { .. }))

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use idem_runtime::idempotent;
 use idem_runtime::store::sql::SqliteStore;
-use idem_runtime::{Key, RecordState, Store};
+use idem_runtime::Key;
+use idem_runtime::store::{RecordState, Store};
 use sqlx::{Sqlite, Transaction};
 
 #[derive(Debug, thiserror::Error)]
@@ -163,12 +164,12 @@ async fn sqlite_concurrent_duplicate_waits_for_the_writer_and_replays() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_a_claim_that_waited_for_the_write_lock_starts_its_lease_when_it_wins() {
     use idem_runtime::store::tx::{AsTxConnection, TxConnection};
-    use idem_runtime::{Claim, ClaimRequest, Token};
+    use idem_runtime::store::{Claim, ClaimRequest, Token};
 
     let path = std::env::temp_dir().join(format!(
         "idem-tx-waited-{}-{:x}.db",
         std::process::id(),
-        u64::from_le_bytes(Token::random().0[..8].try_into().unwrap())
+        u64::from_le_bytes(Token::random().as_bytes()[..8].try_into().unwrap())
     ));
     let store = SqliteStore::open(&path).await.unwrap();
     let lease = Duration::from_secs(1);
@@ -398,7 +399,7 @@ mod postgres {
     fn order_no(case: &str) -> String {
         format!(
             "{case}-{}",
-            idem_runtime::Token::random().0[0] as u32 * 100_000 + std::process::id() % 100_000
+            idem_runtime::store::Token::random().as_bytes()[0] as u32 * 100_000 + std::process::id() % 100_000
         )
     }
 

@@ -7,7 +7,7 @@
 
 use std::str::FromStr;
 
-use idem_runtime::Token;
+use idem_runtime::store::Token;
 use idem_runtime::unique::{InsertOnce, Transition, UniqueDialect};
 use idem_tests::services;
 use metrics_util::MetricKind;
@@ -17,7 +17,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Database, SqlitePool};
 
 fn random_name(prefix: &str) -> String {
-    let t = Token::random().0;
+    let t = Token::random().as_bytes();
     let hex: String = t[..6].iter().map(|b| format!("{b:02x}")).collect();
     format!("{prefix}_{hex}")
 }

@@ -26,7 +26,8 @@ use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use idem_runtime::store::memory::MemoryStore;
-use idem_runtime::{ClaimRequest, Completion, Key, Outcome, StoreRef, Token, idempotent};
+use idem_runtime::{Key, StoreRef, idempotent};
+use idem_runtime::store::{ClaimRequest, Completion, StoredOutcome, Token};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -148,7 +149,7 @@ fn memory_store(c: &mut Criterion) {
                 };
                 black_box(store.claim(req).await.unwrap());
                 let completion = Completion {
-                    outcome: Outcome::Success,
+                    outcome: StoredOutcome::Success,
                     payload: b"{\"id\":1}",
                     ttl: Duration::from_secs(3600),
                 };

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use idem_runtime::consumer::redis_streams::{self, RedisStreams};
+use idem_runtime::consumer::redis_streams::{self, RedisStreamsSource};
 use idem_runtime::consumer::{Runner, Source};
 use idem_runtime::idempotent;
 use idem_runtime::store::sql::SqliteStore;
@@ -73,7 +73,7 @@ async fn worker(
     let store = SqliteStore::open(dir.join("settle.db")).await?;
     let pool = store.pool().clone();
     let client = redis::Client::open(redis_url())?;
-    let mut source = RedisStreams::builder(&stream, GROUP, &name)
+    let mut source = RedisStreamsSource::builder(&stream, GROUP, &name)
         // A dead consumer's entries move on after 2 s of silence.
         .claim_idle(Duration::from_secs(2))
         .block(Duration::from_millis(200))

@@ -57,8 +57,7 @@ use std::time::{Duration, Instant};
 
 use idem_runtime::idempotent;
 use idem_runtime::store::redis::RedisStore;
-use idem_runtime::store::sql::mysql::MySqlStore;
-use idem_runtime::store::sql::postgres::PgStore;
+use idem_runtime::store::sql::{MySqlStore, PgStore};
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};

@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Parser, Subcommand};
-use idem_runtime::store::{Outcome, RecordInfo, RecordState, RecordStats};
+use idem_runtime::store::{StoredOutcome, RecordInfo, RecordState, RecordStats};
 use idem_runtime::{Key, KeySecret};
 use serde_json::{Value, json};
 
@@ -358,11 +358,11 @@ fn relative(at: i64) -> String {
     }
 }
 
-fn outcome_name(o: Outcome) -> &'static str {
+fn outcome_name(o: StoredOutcome) -> &'static str {
     match o {
-        Outcome::Success => "success",
-        Outcome::FinalError => "final_error",
-        Outcome::Unstored => "unstored",
+        StoredOutcome::Success => "success",
+        StoredOutcome::FinalError => "final_error",
+        StoredOutcome::Unstored => "unstored",
     }
 }
 

@@ -10,9 +10,8 @@ use std::time::Duration;
 
 use idem_runtime::store::redis::RedisStore;
 use idem_runtime::store::sql::{MySqlStore, PgStore, SqliteStore};
-use idem_runtime::{
-    Claim, ClaimRequest, Completion, Key, KeySecret, Outcome, Store, StoreRef, Token,
-};
+use idem_runtime::{Key, KeySecret, StoreRef};
+use idem_runtime::store::{Claim, ClaimRequest, Completion, StoredOutcome, Store, Token};
 use serde_json::Value;
 
 fn idem(args: &[&str], envs: &[(&str, &str)]) -> Output {
@@ -39,7 +38,7 @@ fn json(o: &Output) -> Value {
 }
 
 fn random_hex() -> String {
-    Token::random().0[..6]
+    Token::random().as_bytes()[..6]
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
@@ -92,7 +91,7 @@ async fn fixture(store: &StoreRef) {
         Claim::Acquired { .. }
     ));
     let done = Completion {
-        outcome: Outcome::Success,
+        outcome: StoredOutcome::Success,
         payload: br#"{"id":17,"coupon":"CPN-17"}"#,
         ttl: Duration::from_secs(3600),
     };

@@ -225,10 +225,9 @@ pub(crate) fn idempotent(plan: &Plan<'_>, func: &ItemFn, krate: &Path) -> TokenS
         quote!(#krate::__private::Kind::Call)
     };
     let (ttl, lease) = (plan.ttl_ms, plan.lease_ms);
-    let wait = match plan.wait_ms {
-        Some(ms) => quote!(#krate::__private::Some(#krate::__private::Duration::from_millis(#ms))),
-        None => quote!(#krate::__private::None),
-    };
+    let wait = plan
+        .wait_ms
+        .map(|ms| quote!(.wait(#krate::__private::Duration::from_millis(#ms))));
 
     let event = plan
         .event
@@ -292,13 +291,10 @@ pub(crate) fn idempotent(plan: &Plan<'_>, func: &ItemFn, krate: &Path) -> TokenS
         #(#attrs)*
         #vis #sig {
             #(#inner_attrs)*
-            const __IDEM_SPEC: #krate::__private::Spec = #krate::__private::Spec {
-                scope: #scope,
-                kind: #kind,
-                ttl: #krate::__private::Duration::from_millis(#ttl),
-                lease: #krate::__private::Duration::from_millis(#lease),
-                wait: #wait,
-            };
+            const __IDEM_SPEC: #krate::__private::Spec = #krate::__private::Spec::new(#scope, #kind)
+                .ttl(#krate::__private::Duration::from_millis(#ttl))
+                .lease(#krate::__private::Duration::from_millis(#lease))
+                #wait;
             #checks
             #dispatch
             let __idem_key = {

@@ -78,10 +78,7 @@ pub use flow::{current_fence, current_key, lease_lost};
 pub use install::{install, install_key_secret};
 pub use key::{Fingerprint, Key, KeyEncoder, KeyPart, KeySecret, KeySecretError};
 pub use observe::CallOutcome;
-pub use store::{
-    AsStore, Claim, ClaimRequest, Completion, Outcome, RecordInfo, RecordState, Store, StoreRef,
-    StoredResult, Token,
-};
+pub use store::{AsStore, StoreRef};
 
 /// What expansions of `#[idempotent]` and `#[step]` name. Not a public API:
 /// it changes without notice.

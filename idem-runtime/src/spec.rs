@@ -30,6 +30,9 @@ pub enum Kind {
 /// assert_eq!(SPEC.wait, None);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+// Built with `Spec::new` and its setters, so a setting added later breaks no
+// caller (the macro expansion included).
+#[non_exhaustive]
 pub struct Spec {
     /// The namespace of the keys (default: module path and function name).
     pub scope: &'static str,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use idem_runtime::store::sql::MySqlStore;
 use idem_runtime::store::tx::{AsTxConnection, TxConnection};
-use idem_runtime::{Claim, ClaimRequest, RecordState, Store, Token};
+use idem_runtime::store::{Claim, ClaimRequest, RecordState, Store, Token};
 use idem_tests::conformance::fresh_key;
 use idem_tests::services;
 use sqlx::mysql::MySqlPoolOptions;

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use idem_runtime::protocol::{Kind, Spec, execute};
 use idem_runtime::store::sql::MySqlStore;
-use idem_runtime::{Error, RecordState, Store, StoreRef};
+use idem_runtime::{Error, StoreRef};
+use idem_runtime::store::{RecordState, Store};
 use idem_tests::conformance::fresh_key;
 use sqlx::mysql::MySqlPoolOptions;
 
@@ -22,10 +23,8 @@ use crate::{AppError, charge, store};
 async fn connection_lost_after_the_claim_is_taken_over_after_the_lease() {
     let Some(owner) = store().await else { return };
     let Some(later) = store().await else { return };
-    let spec = Spec {
-        lease: Duration::from_millis(600),
-        ..Spec::new("idem-tests::mysql::lost-connection", Kind::Call)
-    };
+    let spec = Spec::new("idem-tests::mysql::lost-connection", Kind::Call)
+        .lease(Duration::from_millis(600));
     let key = fresh_key("mysql-lost-connection");
     let runs = Arc::new(AtomicUsize::new(0));
 

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use idem_runtime::store::sql::MySqlStore;
 use idem_runtime::store::tx::{AsTxConnection, TxConnection};
-use idem_runtime::{Claim, Key, Token};
+use idem_runtime::Key;
+use idem_runtime::store::{Claim, Token};
 use idem_tests::conformance::fresh_key;
 
 use crate::{done_key, request, store, store_with_one_connection};

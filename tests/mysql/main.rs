@@ -22,9 +22,8 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
 use idem_runtime::store::sql::MySqlStore;
-use idem_runtime::{
-    Claim, ClaimRequest, Completion, Error, Key, Outcome, Store, StoreRef, Token, idempotent,
-};
+use idem_runtime::{Error, Key, StoreRef, idempotent};
+use idem_runtime::store::{Claim, ClaimRequest, Completion, StoredOutcome, Store, Token};
 use idem_tests::conformance::{Subject, fresh_key};
 use idem_tests::services;
 use sqlx::mysql::MySqlPoolOptions;
@@ -61,7 +60,7 @@ fn request(key: &Key, token: Token) -> ClaimRequest<'_> {
 
 fn success(payload: &[u8]) -> Completion<'_> {
     Completion {
-        outcome: Outcome::Success,
+        outcome: StoredOutcome::Success,
         payload,
         ttl: Duration::from_secs(3600),
     }

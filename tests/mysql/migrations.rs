@@ -4,7 +4,7 @@
 use std::str::FromStr;
 
 use idem_runtime::store::sql::MySqlStore;
-use idem_runtime::{Claim, Store, Token};
+use idem_runtime::store::{Claim, Store, Token};
 use idem_tests::conformance::fresh_key;
 use idem_tests::services;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
@@ -19,7 +19,7 @@ async fn concurrent_migrations_are_harmless() {
     let Some(admin) = store().await else { return };
     let database = format!(
         "idem_migrate_{:016x}",
-        u64::from_le_bytes(Token::random().0[..8].try_into().unwrap())
+        u64::from_le_bytes(Token::random().as_bytes()[..8].try_into().unwrap())
     );
     sqlx::raw_sql(&format!("CREATE DATABASE `{database}`"))
         .execute(admin.pool())
@@ -75,7 +75,7 @@ async fn a_store_that_skips_migrations_runs_no_ddl() {
     let Some(admin) = store().await else { return };
     let name = format!(
         "idem_skipmig_{:016x}",
-        u64::from_le_bytes(Token::random().0[..8].try_into().unwrap())
+        u64::from_le_bytes(Token::random().as_bytes()[..8].try_into().unwrap())
     );
     sqlx::raw_sql(&format!("CREATE DATABASE `{name}`"))
         .execute(admin.pool())

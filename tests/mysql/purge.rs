@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use idem_runtime::store::sql::MySqlStore;
 use idem_runtime::store::tx::{AsTxConnection, TxConnection};
-use idem_runtime::{Claim, Completion, Store, Token};
+use idem_runtime::store::{Claim, Completion, Store, Token};
 use idem_tests::conformance::fresh_key;
 use idem_tests::services;
 use sqlx::mysql::MySqlConnectOptions;
@@ -25,7 +25,7 @@ impl Database {
         let admin = store().await?;
         let name = format!(
             "idem_{tag}_{:016x}",
-            u64::from_le_bytes(Token::random().0[..8].try_into().unwrap())
+            u64::from_le_bytes(Token::random().as_bytes()[..8].try_into().unwrap())
         );
         sqlx::raw_sql(&format!("CREATE DATABASE `{name}`"))
             .execute(admin.pool())

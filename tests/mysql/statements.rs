@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
 use idem_runtime::store::sql::MySqlStore;
 use idem_runtime::store::tx::{AsTxConnection, TxConnection};
-use idem_runtime::{Claim, Token, idempotent};
+use idem_runtime::idempotent;
+use idem_runtime::store::{Claim, Token};
 use idem_tests::conformance::fresh_key;
 
 use crate::{AppError, charge, request, store, store_with_one_connection};
@@ -86,7 +87,7 @@ async fn place_order_and_commit(conn: &mut sqlx::MySqlConnection, order_no: u64)
 }
 
 fn random_u64() -> u64 {
-    u64::from_le_bytes(Token::random().0[..8].try_into().unwrap())
+    u64::from_le_bytes(Token::random().as_bytes()[..8].try_into().unwrap())
 }
 
 /// The reference flow inside the business transaction is BEGIN, its dedup

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use idem_runtime::store::sql::MySqlStore;
 use idem_runtime::store::tx::{AsTxConnection, TxConnection};
-use idem_runtime::{Claim, Error, Key, RecordState, Store, Token, idempotent};
+use idem_runtime::{Error, Key, idempotent};
+use idem_runtime::store::{Claim, RecordState, Store, Token};
 use idem_tests::conformance::fresh_key;
 
 use crate::{AppError, request, soon, store, success};
@@ -270,7 +271,7 @@ async fn charge_on_connection(
 async fn a_connection_in_autocommit_is_refused_before_the_body_runs() {
     let Some(store) = store().await else { return };
     let runs = AtomicUsize::new(0);
-    let order_id = u64::from_le_bytes(Token::random().0[..8].try_into().unwrap());
+    let order_id = u64::from_le_bytes(Token::random().as_bytes()[..8].try_into().unwrap());
     let mut conn = store.pool().acquire().await.unwrap();
     let err = charge_on_connection(&mut conn, order_id, &runs)
         .await

@@ -21,7 +21,8 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use idem_runtime::store::sql::PgStore;
-use idem_runtime::{ClaimRequest, Completion, Key, Outcome, StoreRef, Token};
+use idem_runtime::{Key, StoreRef};
+use idem_runtime::store::{ClaimRequest, Completion, StoredOutcome, Token};
 use idem_tests::conformance::Subject;
 use idem_tests::services;
 use sqlx::PgPool;
@@ -56,14 +57,14 @@ fn request(key: &Key, token: Token, lease: Duration) -> ClaimRequest<'_> {
 
 fn success(payload: &[u8], ttl: Duration) -> Completion<'_> {
     Completion {
-        outcome: Outcome::Success,
+        outcome: StoredOutcome::Success,
         payload,
         ttl,
     }
 }
 
 fn random_u32() -> u32 {
-    u32::from_le_bytes(Token::random().0[..4].try_into().unwrap())
+    u32::from_le_bytes(Token::random().as_bytes()[..4].try_into().unwrap())
 }
 
 /// Polls `check` until it holds, failing after 10 s.

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use idem_runtime::store::sql::PgStore;
-use idem_runtime::{Claim, Store, Token};
+use idem_runtime::store::{Claim, Store, Token};
 use idem_tests::conformance::fresh_key;
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;

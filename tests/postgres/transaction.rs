@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use idem_runtime::store::sql::PgStore;
 use idem_runtime::store::tx::{AsTxConnection, TxConnection};
-use idem_runtime::{Claim, Key, Store, Token};
+use idem_runtime::Key;
+use idem_runtime::store::{Claim, Store, Token};
 use idem_tests::conformance::fresh_key;
 use sqlx::postgres::PgConnection;
 

@@ -2,7 +2,8 @@
 //! hash-tagged so a cluster spreads records over its masters.
 
 use idem_runtime::store::redis::RedisStore;
-use idem_runtime::{Claim, Key, RecordState, Store, Token};
+use idem_runtime::Key;
+use idem_runtime::store::{Claim, RecordState, Store, Token};
 use idem_tests::services;
 
 use crate::{cluster_store, key, request, single_store};

@@ -4,7 +4,8 @@
 use std::time::{Duration, Instant};
 
 use idem_runtime::store::redis::RedisStore;
-use idem_runtime::{Error, Key, RecordState, Store, Token};
+use idem_runtime::{Error, Key};
+use idem_runtime::store::{RecordState, Store, Token};
 use idem_tests::proxy::Proxy;
 use idem_tests::services;
 
@@ -126,7 +127,7 @@ async fn connection_lost_between_claim_and_complete_is_taken_over_after_the_leas
         .expect("through the proxy");
     let mut first = Ledger::new(through_proxy);
     first.cut = Some(proxy);
-    let order = u64::from(Token::random().0[0]) + 1_000;
+    let order = u64::from(Token::random().as_bytes()[0]) + 1_000;
     assert_eq!(
         first.settle(order).await.unwrap(),
         order * 2,

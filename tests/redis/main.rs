@@ -25,7 +25,8 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 use idem_runtime::store::redis::RedisStore;
-use idem_runtime::{ClaimRequest, Completion, Error, Key, Outcome, StoreRef, Token, idempotent};
+use idem_runtime::{Error, Key, StoreRef, idempotent};
+use idem_runtime::store::{ClaimRequest, Completion, StoredOutcome, Token};
 use idem_tests::conformance::Subject;
 use idem_tests::proxy::Proxy;
 use idem_tests::services;
@@ -37,7 +38,7 @@ const UNIT: Duration = Duration::from_millis(200);
 
 /// A key prefix no other store, case or run shares.
 fn unique_prefix() -> String {
-    let t = Token::random().0;
+    let t = Token::random().as_bytes();
     let hex: String = t[..8].iter().map(|b| format!("{b:02x}")).collect();
     format!("idem-test:{hex}:")
 }
@@ -98,13 +99,13 @@ fn request(key: &Key, token: Token) -> ClaimRequest<'_> {
 fn key(case: &str) -> Key {
     Key::builder("idem-tests::redis")
         .part(case)
-        .part(&Token::random().0[..])
+        .part(&Token::random().as_bytes()[..])
         .finish()
 }
 
 fn completion(payload: &[u8]) -> Completion<'_> {
     Completion {
-        outcome: Outcome::Success,
+        outcome: StoredOutcome::Success,
         payload,
         ttl: Duration::from_secs(600),
     }

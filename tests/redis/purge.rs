@@ -1,7 +1,7 @@
 //! Purging released records: at most `limit`, under the store's own prefix.
 
 use idem_runtime::store::redis::RedisStore;
-use idem_runtime::{Claim, Store, Token};
+use idem_runtime::store::{Claim, Store, Token};
 
 use crate::{cluster_store, key, request, single_store};
 

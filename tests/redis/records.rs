@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use idem_runtime::store::redis::RedisStore;
-use idem_runtime::{Claim, ClaimRequest, Key, RecordState, Store, Token};
+use idem_runtime::Key;
+use idem_runtime::store::{Claim, ClaimRequest, RecordState, Store, Token};
 use idem_tests::services;
 
 use crate::{Ledger, cluster_store, completion, key, request, single_store, store_error};
@@ -138,7 +139,7 @@ async fn unknown_state_fails_closed(
     .into_iter()
     .enumerate()
     {
-        let order = u64::from(Token::random().0[0]) + 10_000 * (i as u64 + 1);
+        let order = u64::from(Token::random().as_bytes()[0]) + 10_000 * (i as u64 + 1);
         let key = Key::builder("idem-tests::redis::settle")
             .part(&order)
             .finish();
@@ -226,7 +227,7 @@ async fn earlier_layout_is_a_clear_error(
         &[("state", "released"), ("fence", "3")],
     ];
     for (i, fields) in old.into_iter().enumerate() {
-        let order = u64::from(Token::random().0[0]) + 10_000 * (i as u64 + 1);
+        let order = u64::from(Token::random().as_bytes()[0]) + 10_000 * (i as u64 + 1);
         let key = Key::builder("idem-tests::redis::settle")
             .part(&order)
             .finish();
@@ -255,7 +256,7 @@ async fn earlier_layout_is_a_clear_error(
                 .expect_err("a claim over a record of the earlier layout"),
         );
         says_why(&store.inspect(&key).await.expect_err("inspect"));
-        let owner = Token([b'k'; 16]);
+        let owner = Token::from_bytes([b'k'; 16]);
         says_why(
             &store
                 .complete(&key, owner, completion(b"1"))

@@ -2,7 +2,7 @@
 //! a call costs in commands.
 
 use idem_runtime::store::redis::RedisStore;
-use idem_runtime::{Claim, Store, Token};
+use idem_runtime::store::{Claim, Store, Token};
 use idem_tests::services;
 
 use crate::{Ledger, OwnRedis, cluster_store, command_calls, completion, key, request};

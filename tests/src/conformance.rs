@@ -1,4 +1,4 @@
-//! The store conformance suite: the [`Store`](idem_runtime::Store) contract, case by case.
+//! The store conformance suite: the [`Store`](idem_runtime::store::Store) contract, case by case.
 //!
 //! Every backend runs it unchanged through [`conformance_suite!`](crate::conformance_suite): give it a
 //! module name and an async expression that builds a [`Subject`]. Keys are
@@ -13,10 +13,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_runtime::protocol::{Kind, Spec, execute};
-use idem_runtime::{
-    Claim, ClaimRequest, Clock as _, Completion, Error, Fingerprint, Key, ManualClock, Outcome,
-    RecordState, StoreRef, StoredResult, Token,
-};
+use idem_runtime::{Clock as _, Error, Fingerprint, Key, ManualClock, StoreRef};
+use idem_runtime::store::{Claim, ClaimRequest, Completion, StoredOutcome, RecordState, StoredResult, Token};
 
 /// How a subject's clock moves.
 #[derive(Debug, Clone)]
@@ -115,7 +113,7 @@ pub fn fresh_key(case: &str) -> Key {
 
 fn rand_u64() -> u64 {
     // Tokens are random; borrowing one avoids a direct dependency on `rand` here.
-    let t = Token::random().0;
+    let t = Token::random().as_bytes();
     u64::from_le_bytes(t[..8].try_into().expect("16-byte token"))
 }
 
@@ -125,7 +123,7 @@ fn fingerprint(s: &str) -> Fingerprint {
 
 fn success(payload: &[u8], ttl: Duration) -> Completion<'_> {
     Completion {
-        outcome: Outcome::Success,
+        outcome: StoredOutcome::Success,
         payload,
         ttl,
     }
@@ -233,7 +231,7 @@ pub async fn completed_record_replays(s: Subject) {
         let Claim::Done(stored) = claim else {
             panic!("expected Done, got {claim:?}");
         };
-        assert_eq!(stored.outcome, Outcome::Success);
+        assert_eq!(stored.outcome, StoredOutcome::Success);
         assert_eq!(stored.payload, b"{\"id\":7}");
         assert_eq!(stored.fingerprint, Some(fp));
     }
@@ -246,11 +244,11 @@ pub async fn completed_record_replays(s: Subject) {
 pub async fn outcomes_and_payloads_round_trip(s: Subject) {
     let cap = s.store.max_result_bytes();
     let big: Vec<u8> = (0..cap).map(|i| (i % 251) as u8).collect();
-    let cases: [(Outcome, Vec<u8>); 4] = [
-        (Outcome::FinalError, b"\"declined\"".to_vec()),
-        (Outcome::Unstored, b"{}".to_vec()),
-        (Outcome::Success, Vec::new()),
-        (Outcome::Success, big),
+    let cases: [(StoredOutcome, Vec<u8>); 4] = [
+        (StoredOutcome::FinalError, b"\"declined\"".to_vec()),
+        (StoredOutcome::Unstored, b"{}".to_vec()),
+        (StoredOutcome::Success, Vec::new()),
+        (StoredOutcome::Success, big),
     ];
     for (outcome, payload) in cases {
         let key = fresh_key("outcomes");
@@ -564,13 +562,13 @@ pub async fn storm_with_wait_replays_to_all(s: Subject) {
 async fn storm(s: Subject, wait: Option<Duration>) {
     const CALLERS: usize = 256;
     let scope: &'static str = "idem-conformance::storm";
-    let spec = Spec {
-        scope,
-        kind: Kind::Call,
-        ttl: Duration::from_secs(3600),
+    let spec = Spec::new(scope, Kind::Call)
+        .ttl(Duration::from_secs(3600))
         // Long enough that no caller ever sees the lease run out mid-storm.
-        lease: Duration::from_secs(60),
-        wait,
+        .lease(Duration::from_secs(60));
+    let spec = match wait {
+        Some(wait) => spec.wait(wait),
+        None => spec,
     };
     let key = fresh_key("storm");
     let runs = Arc::new(AtomicUsize::new(0));
@@ -580,7 +578,7 @@ async fn storm(s: Subject, wait: Option<Duration>) {
         let (store, runs, gate) = (s.store.clone(), runs.clone(), gate.clone());
         tasks.push(tokio::spawn(async move {
             gate.wait().await;
-            execute::<u64, Error, _>(&spec, Some(store), key, None, async {
+            execute::<u64, _, Error, _>(&spec, Some(store), key, None, async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 Ok(4242)

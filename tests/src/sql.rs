@@ -7,7 +7,8 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use idem_runtime::{Claim, ClaimRequest, Clock, Key, Store, StoreError, SystemClock, Token};
+use idem_runtime::{Clock, Key, StoreError, SystemClock};
+use idem_runtime::store::{Claim, ClaimRequest, Store, Token};
 
 use crate::conformance::fresh_key;
 
@@ -88,8 +89,8 @@ where
         .claim(request(&key, token, Duration::from_secs(60)))
         .await
         .expect("claim");
-    let completion = idem_runtime::Completion {
-        outcome: idem_runtime::Outcome::Success,
+    let completion = idem_runtime::store::Completion {
+        outcome: idem_runtime::store::StoredOutcome::Success,
         payload: b"1",
         ttl: Duration::from_secs(60),
     };
@@ -297,8 +298,8 @@ async fn done_key(store: &dyn Store, name: &str, payload: &[u8]) -> Key {
         store.claim(request(&key, token, long)).await.unwrap(),
         Claim::Acquired { .. }
     ));
-    let done = idem_runtime::Completion {
-        outcome: idem_runtime::Outcome::Success,
+    let done = idem_runtime::store::Completion {
+        outcome: idem_runtime::store::StoredOutcome::Success,
         payload,
         ttl: long,
     };
@@ -395,8 +396,8 @@ pub async fn a_busy_duplicate_in_an_open_transaction_does_not_block_the_owner<DB
             .await
             .unwrap()
     );
-    let done = idem_runtime::Completion {
-        outcome: idem_runtime::Outcome::Success,
+    let done = idem_runtime::store::Completion {
+        outcome: idem_runtime::store::StoredOutcome::Success,
         payload: b"owner",
         ttl: long,
     };

@@ -26,16 +26,16 @@
 //! ```no_run
 //! use std::time::Duration;
 //! use idem_runtime::consumer::Runner;
-//! use idem_runtime::consumer::jetstream::JetStream;
+//! use idem_runtime::consumer::jetstream::JetStreamSource;
 //!
 //! # #[derive(serde::Serialize, serde::Deserialize)] struct OrderPaid { order_id: String }
 //! # async fn settle(e: OrderPaid) -> Result<(), std::io::Error> { Ok(()) }
 //! # async fn go() -> Result<(), Box<dyn std::error::Error>> {
 //! let client = async_nats::connect("nats://127.0.0.1:4222").await?;
 //! let js = async_nats::jetstream::new(client);
-//! let source = JetStream::builder("ORDERS", "settlement", "orders.parked")
+//! let source = JetStreamSource::builder("ORDERS", "settlement", "orders.parked")
 //!     .ack_wait(Duration::from_secs(30))
-//!     .consume(&js)
+//!     .connect(&js)
 //!     .await?;
 //! let err = Runner::new("settlement.on_order_paid", "SETTLE").run(source, settle).await;
 //! # Ok(()) }
@@ -70,7 +70,7 @@ pub async fn publish<M: Serialize + ?Sized>(
     Ok(())
 }
 
-/// Settings of a [`JetStream`] consumer.
+/// Settings of a [`JetStreamSource`] consumer.
 pub struct JetStreamBuilder {
     stream: String,
     durable: String,
@@ -96,7 +96,7 @@ impl JetStreamBuilder {
 
     /// Creates the durable pull consumer if it does not exist, and starts
     /// pulling.
-    pub async fn consume(self, js: &Context) -> Result<JetStream, BrokerError> {
+    pub async fn connect(self, js: &Context) -> Result<JetStreamSource, BrokerError> {
         let stream = js.get_stream(&self.stream).await.map_err(broker)?;
         let consumer: async_nats::jetstream::consumer::Consumer<pull::Config> = stream
             .get_or_create_consumer(
@@ -117,7 +117,7 @@ impl JetStreamBuilder {
             .messages()
             .await
             .map_err(broker)?;
-        Ok(JetStream {
+        Ok(JetStreamSource {
             js: js.clone(),
             shared: Arc::new(Shared {
                 stream: self.stream,
@@ -137,13 +137,13 @@ struct Shared {
 
 /// One puller of a durable JetStream consumer: a [`Source`] for
 /// [`super::Runner`].
-pub struct JetStream {
+pub struct JetStreamSource {
     js: Context,
     shared: Arc<Shared>,
     messages: pull::Stream,
 }
 
-impl JetStream {
+impl JetStreamSource {
     /// Pulls from the durable consumer `durable` of `stream`, parking to
     /// `parking_subject`.
     pub fn builder(stream: &str, durable: &str, parking_subject: &str) -> JetStreamBuilder {
@@ -158,10 +158,10 @@ impl JetStream {
 }
 
 #[async_trait::async_trait]
-impl Source for JetStream {
-    type Delivery = NatsDelivery;
+impl Source for JetStreamSource {
+    type Delivery = JetStreamDelivery;
 
-    async fn next(&mut self) -> Result<NatsDelivery, BrokerError> {
+    async fn next(&mut self) -> Result<JetStreamDelivery, BrokerError> {
         let message = match self.messages.next().await {
             Some(m) => m.map_err(broker)?,
             None => return Err(BrokerError::new("nats", "the pull subscription ended")),
@@ -171,7 +171,7 @@ impl Source for JetStream {
             .map_err(|e| BrokerError::new("nats", e))?
             .delivered
             .clamp(1, i64::from(u32::MAX)) as u32;
-        Ok(NatsDelivery {
+        Ok(JetStreamDelivery {
             js: self.js.clone(),
             shared: self.shared.clone(),
             message,
@@ -181,14 +181,14 @@ impl Source for JetStream {
 }
 
 /// One message handed to this puller.
-pub struct NatsDelivery {
+pub struct JetStreamDelivery {
     js: Context,
     shared: Arc<Shared>,
     message: jetstream::Message,
     attempt: u32,
 }
 
-impl NatsDelivery {
+impl JetStreamDelivery {
     async fn send(&self, kind: AckKind) -> Result<(), BrokerError> {
         self.message
             .ack_with(kind)
@@ -198,7 +198,7 @@ impl NatsDelivery {
 }
 
 #[async_trait::async_trait]
-impl Delivery for NatsDelivery {
+impl Delivery for JetStreamDelivery {
     fn payload(&self) -> Option<&[u8]> {
         Some(&self.message.payload)
     }

@@ -1,6 +1,6 @@
 //! RabbitMQ through lapin (feature `rabbitmq`).
 //!
-//! [`RabbitMq::declare`] sets up, for a queue `q`:
+//! [`RabbitMqSource::declare`] sets up, for a queue `q`:
 //!
 //! - `q`, durable, whose dead-letter exchange is `q.dlx`;
 //! - `q.retry`, durable, with no consumer: a message published there with a
@@ -26,15 +26,15 @@
 //!
 //! ```no_run
 //! use idem_runtime::consumer::Runner;
-//! use idem_runtime::consumer::rabbitmq::RabbitMq;
+//! use idem_runtime::consumer::rabbitmq::RabbitMqSource;
 //!
 //! # #[derive(serde::Serialize, serde::Deserialize)] struct OrderPaid { order_id: String }
 //! # async fn settle(e: OrderPaid) -> Result<(), std::io::Error> { Ok(()) }
 //! # async fn go() -> Result<(), Box<dyn std::error::Error>> {
 //! let conn = idem_runtime::consumer::rabbitmq::connect("amqp://guest:guest@127.0.0.1:5672/%2f").await?;
 //! let channel = conn.create_channel().await?;
-//! RabbitMq::declare(&channel, "orders").await?;
-//! let source = RabbitMq::consume(channel, "orders", "worker-1", 16).await?;
+//! RabbitMqSource::declare(&channel, "orders").await?;
+//! let source = RabbitMqSource::builder("orders", "worker-1").prefetch(16).connect(channel).await?;
 //! let err = Runner::new("settlement.on_order_paid", "SETTLE").run(source, settle).await;
 //! # Ok(()) }
 //! ```
@@ -128,13 +128,13 @@ impl Names {
 }
 
 /// A consumer on a queue: a [`Source`] for [`super::Runner`].
-pub struct RabbitMq {
+pub struct RabbitMqSource {
     channel: Channel,
     names: Arc<Names>,
     consumer: lapin::Consumer,
 }
 
-impl RabbitMq {
+impl RabbitMqSource {
     /// Declares `queue`, `queue.retry`, the exchange `queue.dlx` and
     /// `queue.parked` (see the module documentation). Idempotent; the queues
     /// are durable.
@@ -196,15 +196,41 @@ impl RabbitMq {
         Ok(())
     }
 
-    /// Starts consuming `queue` (declared with [`RabbitMq::declare`]) with
-    /// manual acks and at most `prefetch` unacked messages. Puts the channel
-    /// in confirm mode for the copies it publishes.
-    pub async fn consume(
-        channel: Channel,
-        queue: &str,
-        tag: &str,
-        prefetch: u16,
-    ) -> Result<RabbitMq, BrokerError> {
+    /// Settings for a consumer named `tag` on `queue` (declared with
+    /// [`RabbitMqSource::declare`]).
+    pub fn builder(queue: &str, tag: &str) -> RabbitMqBuilder {
+        RabbitMqBuilder {
+            queue: queue.to_owned(),
+            tag: tag.to_owned(),
+            prefetch: 1,
+        }
+    }
+}
+
+/// Settings of a [`RabbitMqSource`] consumer.
+#[derive(Debug, Clone)]
+pub struct RabbitMqBuilder {
+    queue: String,
+    tag: String,
+    prefetch: u16,
+}
+
+impl RabbitMqBuilder {
+    /// At most this many unacked messages on the consumer (default 1).
+    pub fn prefetch(mut self, n: u16) -> Self {
+        self.prefetch = n;
+        self
+    }
+
+    /// Starts consuming with manual acks. Puts the channel in confirm mode
+    /// for the copies it publishes.
+    pub async fn connect(self, channel: Channel) -> Result<RabbitMqSource, BrokerError> {
+        let RabbitMqBuilder {
+            queue,
+            tag,
+            prefetch,
+        } = self;
+        let (queue, tag) = (queue.as_str(), tag.as_str());
         channel
             .basic_qos(prefetch.max(1), BasicQosOptions::default())
             .await
@@ -222,7 +248,7 @@ impl RabbitMq {
             )
             .await
             .map_err(broker)?;
-        Ok(RabbitMq {
+        Ok(RabbitMqSource {
             channel,
             names: Arc::new(Names::of(queue)),
             consumer,
@@ -252,10 +278,10 @@ fn header(props: &BasicProperties, name: &str) -> Option<u32> {
 }
 
 #[async_trait::async_trait]
-impl Source for RabbitMq {
-    type Delivery = RabbitDelivery;
+impl Source for RabbitMqSource {
+    type Delivery = RabbitMqDelivery;
 
-    async fn next(&mut self) -> Result<RabbitDelivery, BrokerError> {
+    async fn next(&mut self) -> Result<RabbitMqDelivery, BrokerError> {
         loop {
             let delivery = match self.consumer.next().await {
                 Some(d) => d.map_err(broker)?,
@@ -267,7 +293,7 @@ impl Source for RabbitMq {
                 }
             };
             let failures = header(&delivery.properties, FAILURES).unwrap_or(0);
-            let delivery = RabbitDelivery {
+            let delivery = RabbitMqDelivery {
                 channel: self.channel.clone(),
                 names: self.names.clone(),
                 attempt: failures + 1,
@@ -303,14 +329,14 @@ impl Source for RabbitMq {
 }
 
 /// One message handed to this consumer.
-pub struct RabbitDelivery {
+pub struct RabbitMqDelivery {
     channel: Channel,
     names: Arc<Names>,
     attempt: u32,
     delivery: lapin::message::Delivery,
 }
 
-impl RabbitDelivery {
+impl RabbitMqDelivery {
     /// The message's headers with ours set, for a copy.
     fn copy_props(&self, set: &[(&str, AMQPValue)]) -> BasicProperties {
         let mut headers = self
@@ -349,7 +375,7 @@ impl RabbitDelivery {
 }
 
 #[async_trait::async_trait]
-impl Delivery for RabbitDelivery {
+impl Delivery for RabbitMqDelivery {
     fn payload(&self) -> Option<&[u8]> {
         Some(&self.delivery.data)
     }

@@ -16,13 +16,13 @@
 //!
 //! ```no_run
 //! use idem_runtime::consumer::Runner;
-//! use idem_runtime::consumer::redis_streams::RedisStreams;
+//! use idem_runtime::consumer::redis_streams::RedisStreamsSource;
 //!
 //! # #[derive(serde::Serialize, serde::Deserialize)] struct OrderPaid { order_id: String }
 //! # async fn settle(e: OrderPaid) -> Result<(), std::io::Error> { Ok(()) }
 //! # async fn go() -> Result<(), Box<dyn std::error::Error>> {
 //! let client = redis::Client::open("redis://127.0.0.1:6379")?;
-//! let source = RedisStreams::builder("orders", "settlement", "worker-1").connect(&client).await?;
+//! let source = RedisStreamsSource::builder("orders", "settlement", "worker-1").connect(&client).await?;
 //! let runner = Runner::new("settlement.on_order_paid", "SETTLE");
 //! let err = runner.run(source, settle).await; // returns only when Redis fails
 //! # Ok(()) }
@@ -72,7 +72,7 @@ struct Names {
     claim_idle: Duration,
 }
 
-/// Settings of a [`RedisStreams`] consumer.
+/// Settings of a [`RedisStreamsSource`] consumer.
 pub struct RedisStreamsBuilder {
     names: Names,
     block: Duration,
@@ -110,7 +110,7 @@ impl RedisStreamsBuilder {
     /// Opens a connection of its own (a blocking read must not stall a store
     /// sharing the connection) and creates the group, reading from the start
     /// of the stream, if it does not exist.
-    pub async fn connect(self, client: &Client) -> Result<RedisStreams, BrokerError> {
+    pub async fn connect(self, client: &Client) -> Result<RedisStreamsSource, BrokerError> {
         let config = AsyncConnectionConfig::new()
             .set_response_timeout(Some(self.block + Duration::from_secs(10)));
         let mut conn = client
@@ -130,7 +130,7 @@ impl RedisStreamsBuilder {
             Err(e) if e.code() == Some("BUSYGROUP") => {}
             Err(e) => return Err(broker(e)),
         }
-        Ok(RedisStreams {
+        Ok(RedisStreamsSource {
             conn,
             names: Arc::new(self.names),
             block: self.block,
@@ -143,16 +143,16 @@ impl RedisStreamsBuilder {
 
 /// One consumer of a Redis Streams consumer group: a [`Source`] for
 /// [`super::Runner`].
-pub struct RedisStreams {
+pub struct RedisStreamsSource {
     conn: MultiplexedConnection,
     names: Arc<Names>,
     block: Duration,
     batch: usize,
     cursor: String,
-    buffer: VecDeque<RedisDelivery>,
+    buffer: VecDeque<RedisStreamsDelivery>,
 }
 
-impl RedisStreams {
+impl RedisStreamsSource {
     /// A consumer named `consumer` in `group` on `stream`. Names must be
     /// unique per live process: two processes under one name share pending
     /// entries.
@@ -170,9 +170,9 @@ impl RedisStreams {
         }
     }
 
-    fn delivery(&self, entry: StreamId, attempt: u32) -> RedisDelivery {
+    fn delivery(&self, entry: StreamId, attempt: u32) -> RedisStreamsDelivery {
         let payload = entry.get::<Vec<u8>>(PAYLOAD_FIELD);
-        RedisDelivery {
+        RedisStreamsDelivery {
             conn: self.conn.clone(),
             names: self.names.clone(),
             id: entry.id,
@@ -245,10 +245,10 @@ impl RedisStreams {
 }
 
 #[async_trait::async_trait]
-impl Source for RedisStreams {
-    type Delivery = RedisDelivery;
+impl Source for RedisStreamsSource {
+    type Delivery = RedisStreamsDelivery;
 
-    async fn next(&mut self) -> Result<RedisDelivery, BrokerError> {
+    async fn next(&mut self) -> Result<RedisStreamsDelivery, BrokerError> {
         loop {
             if let Some(d) = self.buffer.pop_front() {
                 return Ok(d);
@@ -263,7 +263,7 @@ impl Source for RedisStreams {
 }
 
 /// One stream entry handed to this consumer.
-pub struct RedisDelivery {
+pub struct RedisStreamsDelivery {
     conn: MultiplexedConnection,
     names: Arc<Names>,
     id: String,
@@ -271,7 +271,7 @@ pub struct RedisDelivery {
     attempt: u32,
 }
 
-impl RedisDelivery {
+impl RedisStreamsDelivery {
     /// The entry id.
     pub fn id(&self) -> &str {
         &self.id
@@ -301,7 +301,7 @@ impl RedisDelivery {
 }
 
 #[async_trait::async_trait]
-impl Delivery for RedisDelivery {
+impl Delivery for RedisStreamsDelivery {
     fn payload(&self) -> Option<&[u8]> {
         self.payload.as_deref()
     }

@@ -125,7 +125,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisLocks<C> {
         let token = Token::random();
         let set: Value = redis::cmd("SET")
             .arg(self.redis_key(name))
-            .arg(&token.0[..])
+            .arg(&token.as_bytes()[..])
             .arg("NX")
             .arg("PX")
             .arg(lease_millis(lease))
@@ -174,7 +174,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisLocks<C> {
     ) -> Result<bool, StoreError> {
         let done: i64 = RENEW
             .key(self.redis_key(name))
-            .arg(&token.0[..])
+            .arg(&token.as_bytes()[..])
             .arg(lease_millis(lease))
             .invoke_async(&mut self.conn.clone())
             .await
@@ -187,7 +187,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisLocks<C> {
     pub async fn release(&self, name: &str, token: Token) -> Result<bool, StoreError> {
         let done: i64 = RELEASE
             .key(self.redis_key(name))
-            .arg(&token.0[..])
+            .arg(&token.as_bytes()[..])
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(|e| self.err(e))?;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::error::{CodecError, Error};
 use crate::key::{Fingerprint, Key};
 use crate::observe::{self, CallOutcome};
-use crate::store::{Claim, ClaimRequest, Outcome, StoreRef, StoredResult, Token};
+use crate::store::{Claim, ClaimRequest, StoredOutcome, StoreRef, StoredResult, Token};
 
 use super::record::Unstored;
 use super::{ErrorPolicy, FromIdemError, Spec, StoredForm, hint, report};
@@ -130,17 +130,17 @@ where
     };
     report::replayed(spec);
     match stored.outcome {
-        Outcome::Success => {
+        StoredOutcome::Success => {
             let value = T::from_stored(&stored.payload).map_err(codec_error)?;
             report::call(spec, CallOutcome::Replayed);
             Ok(value)
         }
-        Outcome::FinalError => {
+        StoredOutcome::FinalError => {
             let err = policy.restore(&stored.payload).map_err(codec_error)?;
             report::call_ending_in_recorded_err(spec, CallOutcome::Replayed);
             Err(err)
         }
-        Outcome::Unstored => {
+        StoredOutcome::Unstored => {
             let why: Unstored = serde_json::from_slice(&stored.payload).map_err(codec_error)?;
             report::call_ending_in_recorded_err(spec, CallOutcome::ReplayedUnstored);
             Err(E::from(match why {

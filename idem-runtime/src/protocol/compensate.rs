@@ -25,7 +25,7 @@ use serde::de::DeserializeOwned;
 use crate::error::{CodecError, Error};
 use crate::flow::{self, FlowContext, Pending};
 use crate::key::Key;
-use crate::store::{Completion, Outcome, StoreRef, Token};
+use crate::store::{Completion, StoredOutcome, StoreRef, Token};
 
 use super::claim::{Acquired, acquire};
 use super::{Cacheable, FromIdemError, ReleaseAll, Spec, run};
@@ -72,7 +72,7 @@ async fn write_give_up(
         Acquired::Replay(stored) => stored.payload,
         Acquired::Owner { .. } => {
             let completion = Completion {
-                outcome: Outcome::FinalError,
+                outcome: StoredOutcome::FinalError,
                 payload: &payload,
                 ttl: flow.ttl,
             };

@@ -142,6 +142,9 @@ impl<E: Serialize + DeserializeOwned> ErrorPolicy<E> for KeepFinal<E> {
 /// result to duplicates. `Err` releases the claim, so a retry runs again.
 ///
 /// `store` of `None` means the process-wide default ([`crate::install`]).
+/// The result is anything with a [`StoredForm`]: serde types and, with the
+/// `axum` feature, the response types axum handlers return (`Json<T>`,
+/// `(StatusCode, Json<T>)`); the marker `M` is inferred.
 ///
 /// ```
 /// use idem_runtime::protocol::{execute, Kind, Spec};
@@ -159,25 +162,7 @@ impl<E: Serialize + DeserializeOwned> ErrorPolicy<E> for KeepFinal<E> {
 /// assert_eq!(again.unwrap(), 1); // replayed, the body did not run
 /// # });
 /// ```
-pub async fn execute<T, E, F>(
-    spec: &Spec,
-    store: Option<StoreRef>,
-    key: Key,
-    fingerprint: Option<Fingerprint>,
-    body: F,
-) -> Result<T, E>
-where
-    T: Cacheable,
-    E: FromIdemError,
-    F: Future<Output = Result<T, E>>,
-{
-    run::<T, ViaSerde, E, F, ReleaseAll>(spec, store, key, fingerprint, body, &ReleaseAll).await
-}
-
-/// [`execute`] for any result with a [`StoredForm`]: serde types and, with the
-/// `axum` feature, the response types axum handlers return (`Json<T>`,
-/// `(StatusCode, Json<T>)`). The marker `M` is inferred.
-pub async fn execute_stored<T, M, E, F>(
+pub async fn execute<T, M, E, F>(
     spec: &Spec,
     store: Option<StoreRef>,
     key: Key,
@@ -218,25 +203,7 @@ where
 /// assert!(matches!(again, Err(PayError::Declined))); // replayed, not charged again
 /// # });
 /// ```
-pub async fn execute_keeping_final<T, E, F>(
-    spec: &Spec,
-    store: Option<StoreRef>,
-    key: Key,
-    fingerprint: Option<Fingerprint>,
-    is_final: fn(&E) -> bool,
-    body: F,
-) -> Result<T, E>
-where
-    T: Cacheable,
-    E: FromIdemError + Serialize + DeserializeOwned,
-    F: Future<Output = Result<T, E>>,
-{
-    execute_stored_keeping_final::<T, ViaSerde, E, F>(spec, store, key, fingerprint, is_final, body)
-        .await
-}
-
-/// [`execute_keeping_final`] for any result with a [`StoredForm`].
-pub async fn execute_stored_keeping_final<T, M, E, F>(
+pub async fn execute_keeping_final<T, M, E, F>(
     spec: &Spec,
     store: Option<StoreRef>,
     key: Key,
@@ -268,24 +235,7 @@ where
 /// Use it under READ COMMITTED (the default of PostgreSQL; MySQL's default
 /// REPEATABLE READ also works because the claim is a locking write). Under
 /// SERIALIZABLE a blocked duplicate gets a serialization failure to retry.
-pub async fn execute_in_tx<C, T, E, F>(
-    spec: &Spec,
-    conn: &mut C,
-    key: Key,
-    fingerprint: Option<Fingerprint>,
-    body: F,
-) -> Result<T, E>
-where
-    C: AsTxConnection + ?Sized,
-    T: Cacheable,
-    E: FromIdemError,
-    F: AsyncFnOnce(&mut C) -> Result<T, E>,
-{
-    execute_stored_in_tx::<C, T, ViaSerde, E, F>(spec, conn, key, fingerprint, body).await
-}
-
-/// [`execute_in_tx`] for any result with a [`StoredForm`].
-pub async fn execute_stored_in_tx<C, T, M, E, F>(
+pub async fn execute_in_tx<C, T, M, E, F>(
     spec: &Spec,
     conn: &mut C,
     key: Key,
@@ -363,17 +313,7 @@ where
 ///
 /// A flow whose lease was taken over starts no new step: the call fails with
 /// [`Error::LeaseLost`].
-pub async fn run_step<T, E, F>(name: &'static str, body: F) -> Result<T, E>
-where
-    T: Cacheable,
-    E: FromIdemError,
-    F: Future<Output = Result<T, E>>,
-{
-    run_stored_step::<T, ViaSerde, E, F>(name, body).await
-}
-
-/// [`run_step`] for any result with a [`StoredForm`].
-pub async fn run_stored_step<T, M, E, F>(name: &'static str, body: F) -> Result<T, E>
+pub async fn run_step<T, M, E, F>(name: &'static str, body: F) -> Result<T, E>
 where
     T: StoredForm<M>,
     E: FromIdemError,

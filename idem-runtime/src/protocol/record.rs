@@ -8,7 +8,7 @@ use crate::error::{CodecError, Error};
 use crate::key::Key;
 use crate::observe::CallOutcome;
 use crate::store::tx::TxConnection;
-use crate::store::{Completion, Outcome, StoreRef, Token};
+use crate::store::{Completion, StoredOutcome, StoreRef, Token};
 
 use super::{ErrorPolicy, FromIdemError, Spec, StoredForm, report};
 
@@ -106,11 +106,11 @@ where
 {
     let (outcome, payload) = match &out {
         Ok(value) => match value.to_stored() {
-            Ok(bytes) => (Outcome::Success, bytes),
+            Ok(bytes) => (StoredOutcome::Success, bytes),
             Err(e) => unencodable(&e),
         },
         Err(err) => match policy.keep(err) {
-            Some(Ok(bytes)) => (Outcome::FinalError, bytes),
+            Some(Ok(bytes)) => (StoredOutcome::FinalError, bytes),
             Some(Err(e)) => unencodable(&e),
             None => {
                 report::call(spec, CallOutcome::Failed);
@@ -136,7 +136,7 @@ where
     } else {
         (outcome, payload)
     };
-    if outcome == Outcome::Unstored {
+    if outcome == StoredOutcome::Unstored {
         report::call(spec, CallOutcome::Unstored);
     }
     let completion = Completion {
@@ -169,7 +169,7 @@ where
     out
 }
 
-fn unencodable(e: &serde_json::Error) -> (Outcome, Vec<u8>) {
+fn unencodable(e: &serde_json::Error) -> (StoredOutcome, Vec<u8>) {
     let source = CodecError::encoding(e);
     tracing::error!(error = %source, "the result does not encode; duplicates will get a codec error");
     unstored(Unstored::EncodeFailed {
@@ -177,7 +177,7 @@ fn unencodable(e: &serde_json::Error) -> (Outcome, Vec<u8>) {
     })
 }
 
-fn unstored(why: Unstored) -> (Outcome, Vec<u8>) {
+fn unstored(why: Unstored) -> (StoredOutcome, Vec<u8>) {
     let payload = serde_json::to_vec(&why).expect("Unstored always encodes");
-    (Outcome::Unstored, payload)
+    (StoredOutcome::Unstored, payload)
 }

@@ -63,7 +63,7 @@ tokio::task_local! {
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// let store = StoreRef::new(MemoryStore::new());
 /// let key = Key::builder(SPEC.scope).part("order-7").finish();
-/// let call = || execute::<u32, Error, _>(&SPEC, Some(store.clone()), key, None, async { Ok(1) });
+/// let call = || execute::<u32, _, Error, _>(&SPEC, Some(store.clone()), key, None, async { Ok(1) });
 /// let (_, replayed) = track_replays(call()).await;
 /// assert!(!replayed);
 /// let (_, replayed) = track_replays(call()).await;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    AsStore, Claim, ClaimRequest, Completion, DEFAULT_MAX_RESULT_BYTES, Outcome, RecordInfo,
+    AsStore, Claim, ClaimRequest, Completion, DEFAULT_MAX_RESULT_BYTES, StoredOutcome, RecordInfo,
     RecordState, Store, StoreRef, StoredResult, Token,
 };
 use crate::clock::{Clock, SystemClock, duration_millis};
@@ -24,7 +24,7 @@ enum State {
         lease_until: i64,
     },
     Done {
-        outcome: Outcome,
+        outcome: StoredOutcome,
         payload: Arc<[u8]>,
         // Who completed it: a completion re-sent under the same token is the
         // success it was, not a lost claim.
@@ -56,7 +56,8 @@ struct Inner {
 ///
 /// ```
 /// use idem_runtime::store::memory::MemoryStore;
-/// use idem_runtime::{ManualClock, Store};
+/// use idem_runtime::ManualClock;
+/// use idem_runtime::store::Store;
 ///
 /// let store = MemoryStore::builder()
 ///     .clock(ManualClock::default())

@@ -40,12 +40,28 @@ pub const DEFAULT_MAX_RESULT_BYTES: usize = 1024 * 1024;
 /// so a stale owner finishing late can neither overwrite nor delete the record
 /// of the caller that took over.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Token(pub [u8; 16]);
+pub struct Token([u8; 16]);
 
 impl Token {
     /// A fresh random token.
     pub fn random() -> Self {
         Token(rand::random())
+    }
+
+    /// A token read back from a store.
+    ///
+    /// ```
+    /// use idem_runtime::store::Token;
+    /// let t = Token::random();
+    /// assert_eq!(Token::from_bytes(*t.as_bytes()), t);
+    /// ```
+    pub fn from_bytes(bytes: [u8; 16]) -> Self {
+        Token(bytes)
+    }
+
+    /// The token's 16 bytes, as a store writes them.
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
     }
 }
 
@@ -55,10 +71,11 @@ impl fmt::Debug for Token {
     }
 }
 
-/// How a finished call ended, as stored.
+/// How a finished call ended, as its record stores it (the call's own
+/// outcome, as metrics count it, is [`crate::CallOutcome`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
-pub enum Outcome {
+pub enum StoredOutcome {
     /// `Ok(T)`: the payload is the encoded `T`.
     Success = 1,
     /// `Err(E)` that the user marked final: the payload is the encoded `E`.
@@ -69,18 +86,18 @@ pub enum Outcome {
     Unstored = 3,
 }
 
-impl Outcome {
+impl StoredOutcome {
     /// The code stores persist.
     pub fn code(self) -> u8 {
         self as u8
     }
 
     /// The outcome for a persisted code.
-    pub fn from_code(code: i64) -> Option<Outcome> {
+    pub fn from_code(code: i64) -> Option<StoredOutcome> {
         match code {
-            1 => Some(Outcome::Success),
-            2 => Some(Outcome::FinalError),
-            3 => Some(Outcome::Unstored),
+            1 => Some(StoredOutcome::Success),
+            2 => Some(StoredOutcome::FinalError),
+            3 => Some(StoredOutcome::Unstored),
             _ => None,
         }
     }
@@ -107,8 +124,8 @@ pub struct StoredResult {
     /// The fingerprint the record was claimed with.
     pub fingerprint: Option<Fingerprint>,
     /// How the call ended.
-    pub outcome: Outcome,
-    /// The encoded result (see [`Outcome`]).
+    pub outcome: StoredOutcome,
+    /// The encoded result (see [`StoredOutcome`]).
     pub payload: Vec<u8>,
 }
 
@@ -138,7 +155,7 @@ pub enum Claim {
 #[derive(Debug, Clone, Copy)]
 pub struct Completion<'a> {
     /// How the call ended.
-    pub outcome: Outcome,
+    pub outcome: StoredOutcome,
     /// The encoded result.
     pub payload: &'a [u8],
     /// How long the DONE record lives from now.
@@ -197,7 +214,8 @@ pub struct RecordStats {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_runtime::{Claim, ClaimRequest, Key, Store, Token};
+/// use idem_runtime::Key;
+/// use idem_runtime::store::{Claim, ClaimRequest, Store, Token};
 /// use idem_runtime::store::memory::MemoryStore;
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
@@ -323,7 +341,7 @@ impl fmt::Debug for StoreRef {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not an idempotency store",
     label = "`store = …` must name a store",
-    note = "pass a value implementing `idem_runtime::Store` (and `Clone`), an `Arc` of one, or an `idem_runtime::StoreRef`"
+    note = "pass a value implementing `idem_runtime::store::Store` (and `Clone`), an `Arc` of one, or an `idem_runtime::StoreRef`"
 )]
 pub trait AsStore {
     /// A shared handle to the store.

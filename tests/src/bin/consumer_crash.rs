@@ -23,9 +23,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::consumer::jetstream::JetStream;
-use idem_runtime::consumer::rabbitmq::{self, RabbitMq};
-use idem_runtime::consumer::redis_streams::RedisStreams;
+use idem_runtime::consumer::jetstream::JetStreamSource;
+use idem_runtime::consumer::rabbitmq::{self, RabbitMqSource};
+use idem_runtime::consumer::redis_streams::RedisStreamsSource;
 use idem_runtime::consumer::{BrokerError, Delivery, Runner, Source};
 use idem_runtime::store::redis::RedisStore;
 use idem_runtime::{StoreRef, idempotent};
@@ -154,7 +154,7 @@ async fn run(args: &[String]) -> Result<BrokerError, Box<dyn std::error::Error>>
     // The settings of the scenarios' own consumers (tests/consumer_*.rs).
     Ok(match (broker.as_str(), rest) {
         ("redis", [stream, group]) => {
-            let source = RedisStreams::builder(stream, group, name)
+            let source = RedisStreamsSource::builder(stream, group, name)
                 .claim_idle(Duration::from_millis(1500))
                 .block(Duration::from_millis(200))
                 .connect(&client)
@@ -163,14 +163,14 @@ async fn run(args: &[String]) -> Result<BrokerError, Box<dyn std::error::Error>>
         }
         ("rabbitmq", [queue]) => {
             let conn = rabbitmq::connect(&services::rabbitmq_url()).await?;
-            let source = RabbitMq::consume(conn.create_channel().await?, queue, name, 1).await?;
+            let source = RabbitMqSource::builder(queue, name).connect(conn.create_channel().await?).await?;
             consume(source, ledger).await
         }
         ("nats", [stream, parking]) => {
             let client = async_nats::connect(services::nats_url()).await?;
-            let source = JetStream::builder(stream, "settlement", parking)
+            let source = JetStreamSource::builder(stream, "settlement", parking)
                 .ack_wait(Duration::from_secs(2))
-                .consume(&async_nats::jetstream::new(client))
+                .connect(&async_nats::jetstream::new(client))
                 .await?;
             consume(source, ledger).await
         }

@@ -39,7 +39,8 @@ use std::time::{Duration, Instant};
 
 use idem_runtime::store::redis::RedisStore;
 use idem_runtime::store::sql::{PgStore, SqliteStore};
-use idem_runtime::{StoreRef, Token, idempotent, step};
+use idem_runtime::{StoreRef, idempotent, step};
+use idem_runtime::store::Token;
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
@@ -343,7 +344,7 @@ impl OrderService {
 }
 
 fn random_id(prefix: &str) -> String {
-    let hex: String = Token::random().0[..8]
+    let hex: String = Token::random().as_bytes()[..8]
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();

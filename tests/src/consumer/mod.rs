@@ -96,7 +96,7 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    pub fn new(store: impl idem_runtime::Store + 'static) -> Arc<Ledger> {
+    pub fn new(store: impl idem_runtime::store::Store + 'static) -> Arc<Ledger> {
         Arc::new(Ledger {
             store: StoreRef::new(store),
             effects: Mutex::default(),

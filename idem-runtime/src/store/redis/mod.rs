@@ -248,18 +248,18 @@ impl Store for RedisStore {
         self.fenced(
             &SCRIPTS.complete,
             key,
-            &[&token.0, &code, completion.payload, ttl.as_bytes()],
+            &[&token.as_bytes(), &code, completion.payload, ttl.as_bytes()],
         )
         .await
     }
 
     async fn release(&self, key: &Key, token: Token) -> Result<bool, StoreError> {
-        self.fenced(&SCRIPTS.release, key, &[&token.0]).await
+        self.fenced(&SCRIPTS.release, key, &[&token.as_bytes()]).await
     }
 
     async fn renew(&self, key: &Key, token: Token, lease: Duration) -> Result<bool, StoreError> {
         let lease = millis(lease).to_string();
-        self.fenced(&SCRIPTS.renew, key, &[&token.0, lease.as_bytes()])
+        self.fenced(&SCRIPTS.renew, key, &[&token.as_bytes(), lease.as_bytes()])
             .await
     }
 
@@ -280,7 +280,7 @@ impl Store for RedisStore {
 
     /// One `DEL`, whatever the record's state.
     async fn evict(&self, key: &Key) -> Result<bool, StoreError> {
-        self.fenced(&SCRIPTS.evict, key, &[&Token::random().0])
+        self.fenced(&SCRIPTS.evict, key, &[&Token::random().as_bytes()])
             .await
     }
 

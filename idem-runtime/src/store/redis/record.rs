@@ -24,7 +24,7 @@
 use std::fmt;
 
 use crate::key::Fingerprint;
-use crate::store::{Outcome, StoredResult, Token};
+use crate::store::{StoredOutcome, StoredResult, Token};
 
 /// What a record's value says.
 #[derive(Debug, PartialEq, Eq)]
@@ -45,7 +45,7 @@ pub(super) enum Record {
 pub(super) fn processing_head(token: Token, fp: Option<Fingerprint>) -> Vec<u8> {
     let mut v = Vec::with_capacity(2 + 16 + 1 + 32 + 40);
     v.extend_from_slice(b"P1");
-    v.extend_from_slice(&token.0);
+    v.extend_from_slice(&token.as_bytes());
     match fp {
         Some(fp) => {
             v.push(b'#');
@@ -141,7 +141,7 @@ pub(super) fn decode(v: &[u8]) -> Result<Record, Unreadable> {
                 [c, b':', payload @ ..] if c.is_ascii_digit() => (i64::from(c - b'0'), payload),
                 _ => return Err(Unreadable("a DONE record without an outcome")),
             };
-            let outcome = Outcome::from_code(code)
+            let outcome = StoredOutcome::from_code(code)
                 .ok_or(Unreadable("a DONE record with an unknown outcome"))?;
             Ok(Record::Done {
                 token,
@@ -169,7 +169,7 @@ mod tests {
 
     #[test]
     fn processing_round_trips() {
-        let t = Token([9; 16]);
+        let t = Token::from_bytes([9; 16]);
         let fp = Fingerprint::from_bytes([7; 32]);
         for fp in [None, Some(fp)] {
             let mut v = processing_head(t, fp);
@@ -192,11 +192,11 @@ mod tests {
         assert_eq!(
             decode(&v).unwrap(),
             Record::Done {
-                token: Token([3; 16]),
+                token: Token::from_bytes([3; 16]),
                 fence: 12,
                 result: StoredResult {
                     fingerprint: None,
-                    outcome: Outcome::FinalError,
+                    outcome: StoredOutcome::FinalError,
                     payload: b"a:b\0\xff".to_vec(),
                 },
             }

@@ -13,16 +13,13 @@
 
 mod dialect;
 #[cfg(feature = "mysql")]
-#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
-pub mod mysql;
+mod mysql;
 #[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub mod postgres;
+mod postgres;
 mod record;
 mod schema_migrations;
 #[cfg(feature = "sqlite")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-pub mod sqlite;
+mod sqlite;
 mod store;
 
 #[cfg(feature = "mysql")]

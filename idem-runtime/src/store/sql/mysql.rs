@@ -541,7 +541,8 @@ tx_connection! {
     ///
     /// ```no_run
     /// use std::time::Duration;
-    /// use idem_runtime::{Claim, ClaimRequest, Key, Token};
+    /// use idem_runtime::Key;
+    /// use idem_runtime::store::{Claim, ClaimRequest, Token};
     /// use idem_runtime::store::tx::{AsTxConnection, TxConnection};
     ///
     /// # async fn demo(pool: sqlx::MySqlPool) -> Result<(), Box<dyn std::error::Error>> {
@@ -616,7 +617,7 @@ impl Dialect for MySql {
         let sent = Instant::now();
         let done = sqlx::query(CLAIM)
             .bind(key(req.key))
-            .bind(&req.token.0[..])
+            .bind(&req.token.as_bytes()[..])
             .bind(millis(req.lease))
             .bind(millis(req.ttl))
             .bind(req.fingerprint.as_ref().map(|f| &f.as_bytes()[..]))
@@ -655,7 +656,7 @@ impl Dialect for MySql {
             .bind(completion.payload)
             .bind(millis(completion.ttl))
             .bind(key(k))
-            .bind(&token.0[..])
+            .bind(&token.as_bytes()[..])
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
@@ -668,7 +669,7 @@ impl Dialect for MySql {
     ) -> Result<bool, sqlx::Error> {
         let found = sqlx::query(COMPLETED_BY)
             .bind(key(k))
-            .bind(&token.0[..])
+            .bind(&token.as_bytes()[..])
             .fetch_optional(conn)
             .await?;
         Ok(found.is_some())
@@ -682,7 +683,7 @@ impl Dialect for MySql {
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(RELEASE)
             .bind(key(k))
-            .bind(&token.0[..])
+            .bind(&token.as_bytes()[..])
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
@@ -699,7 +700,7 @@ impl Dialect for MySql {
             .bind(millis(lease))
             .bind(millis(lease))
             .bind(key(k))
-            .bind(&token.0[..])
+            .bind(&token.as_bytes()[..])
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
@@ -712,7 +713,7 @@ impl Dialect for MySql {
         nobody: Token,
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(EVICT)
-            .bind(&nobody.0[..])
+            .bind(&nobody.as_bytes()[..])
             .bind(key(k))
             .execute(conn)
             .await?;

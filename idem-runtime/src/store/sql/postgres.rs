@@ -485,7 +485,8 @@ tx_connection! {
     /// ```no_run
     /// use std::time::Duration;
     /// use idem_runtime::store::tx::{AsTxConnection, TxConnection};
-    /// use idem_runtime::{Claim, ClaimRequest, Key, Token};
+    /// use idem_runtime::Key;
+    /// use idem_runtime::store::{Claim, ClaimRequest, Token};
     ///
     /// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
     /// let key = Key::builder("orders::create").part("c-1").finish();
@@ -518,7 +519,7 @@ fn claim_query<'q>(
 ) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
     sqlx::query(sql)
         .bind(key(req.key))
-        .bind(&req.token.0[..])
+        .bind(&req.token.as_bytes()[..])
         .bind(millis(req.lease))
         .bind(millis(req.ttl))
         .bind(req.fingerprint.as_ref().map(|f| &f.as_bytes()[..]))
@@ -583,7 +584,7 @@ impl Dialect for Postgres {
             .bind(completion.payload)
             .bind(millis(completion.ttl))
             .bind(key(k))
-            .bind(&token.0[..])
+            .bind(&token.as_bytes()[..])
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
@@ -596,7 +597,7 @@ impl Dialect for Postgres {
     ) -> Result<bool, sqlx::Error> {
         let found = sqlx::query(COMPLETED_BY)
             .bind(key(k))
-            .bind(&token.0[..])
+            .bind(&token.as_bytes()[..])
             .fetch_optional(conn)
             .await?;
         Ok(found.is_some())
@@ -610,7 +611,7 @@ impl Dialect for Postgres {
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(RELEASE)
             .bind(key(k))
-            .bind(&token.0[..])
+            .bind(&token.as_bytes()[..])
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
@@ -626,7 +627,7 @@ impl Dialect for Postgres {
         let done = sqlx::query(RENEW)
             .bind(millis(lease))
             .bind(key(k))
-            .bind(&token.0[..])
+            .bind(&token.as_bytes()[..])
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
@@ -640,7 +641,7 @@ impl Dialect for Postgres {
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(EVICT)
             .bind(key(k))
-            .bind(&nobody.0[..])
+            .bind(&nobody.as_bytes()[..])
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)

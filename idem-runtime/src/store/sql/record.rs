@@ -10,7 +10,7 @@ use sqlx::{ColumnIndex, Decode, Row, Type};
 
 use crate::clock::duration_millis;
 use crate::key::Fingerprint;
-use crate::store::{Claim, Outcome, RecordInfo, RecordState, StoredResult, Token};
+use crate::store::{Claim, StoredOutcome, RecordInfo, RecordState, StoredResult, Token};
 
 /// The `state` column: free to claim (the row and its fence kept).
 pub(crate) const RELEASED: i64 = 0;
@@ -41,7 +41,7 @@ pub(crate) struct Record {
     lease_until: i64,
     expires_at: i64,
     fingerprint: Option<Fingerprint>,
-    result: Option<(Outcome, Vec<u8>)>,
+    result: Option<(StoredOutcome, Vec<u8>)>,
     now: i64,
 }
 
@@ -76,7 +76,7 @@ impl Record {
         let result = match outcome {
             None => None,
             Some(code) => Some((
-                Outcome::from_code(code).ok_or_else(|| corrupt("unknown outcome code"))?,
+                StoredOutcome::from_code(code).ok_or_else(|| corrupt("unknown outcome code"))?,
                 payload.unwrap_or_default(),
             )),
         };
@@ -105,7 +105,7 @@ impl Record {
             && (self.state == DONE
                 || (self.state == PROCESSING
                     && self.lease_until > self.now
-                    && self.token != token.0))
+                    && self.token != token.as_bytes()))
     }
 
     /// What the record tells a claimant that has not taken it: a replay

@@ -329,7 +329,7 @@ impl Dialect for Sqlite {
         let lease_until = now.saturating_add(millis(req.lease));
         let won = sqlx::query(CLAIM)
             .bind(key(req.key))
-            .bind(&req.token.0[..])
+            .bind(&req.token.as_bytes()[..])
             .bind(lease_until)
             .bind(now.saturating_add(millis(req.ttl)))
             .bind(req.fingerprint.as_ref().map(|f| &f.as_bytes()[..]))
@@ -363,7 +363,7 @@ impl Dialect for Sqlite {
             .bind(completion.payload)
             .bind(expires_at)
             .bind(key(k))
-            .bind(&token.0[..])
+            .bind(&token.as_bytes()[..])
             .execute(&mut *conn)
             .await?;
         Ok(done.rows_affected() == 1)
@@ -376,7 +376,7 @@ impl Dialect for Sqlite {
     ) -> Result<bool, sqlx::Error> {
         let found = sqlx::query(COMPLETED_BY)
             .bind(key(k))
-            .bind(&token.0[..])
+            .bind(&token.as_bytes()[..])
             .fetch_optional(&mut *conn)
             .await?;
         Ok(found.is_some())
@@ -390,7 +390,7 @@ impl Dialect for Sqlite {
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(RELEASE)
             .bind(key(k))
-            .bind(&token.0[..])
+            .bind(&token.as_bytes()[..])
             .bind(clock.now_millis())
             .execute(&mut *conn)
             .await?;
@@ -408,7 +408,7 @@ impl Dialect for Sqlite {
         let done = sqlx::query(RENEW)
             .bind(now.saturating_add(millis(lease)))
             .bind(key(k))
-            .bind(&token.0[..])
+            .bind(&token.as_bytes()[..])
             .bind(now)
             .execute(&mut *conn)
             .await?;
@@ -423,7 +423,7 @@ impl Dialect for Sqlite {
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(EVICT)
             .bind(key(k))
-            .bind(&nobody.0[..])
+            .bind(&nobody.as_bytes()[..])
             .bind(clock.now_millis())
             .execute(&mut *conn)
             .await?;
