@@ -72,7 +72,8 @@ impl Broker for Rabbit {
         let channel = conn.create_channel().await.unwrap();
         // Prefetch 1: a consumer busy with one message leaves the rest to the
         // other, which the in-progress scenario relies on.
-        let source = RabbitMqSource::builder(&self.queue, name).connect(channel)
+        let source = RabbitMqSource::builder(&self.queue, name)
+            .connect(channel)
             .await
             .unwrap();
         self.consumers.lock().unwrap().insert(name.to_owned(), conn);

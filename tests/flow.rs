@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
 use idem_runtime::store::memory::MemoryStore;
-use idem_runtime::{Error, Key, ManualClock, idempotent, step};
 use idem_runtime::store::{Claim, ClaimRequest, Store, Token};
+use idem_runtime::{Error, Key, ManualClock, idempotent, step};
 use tokio::sync::{Notify, oneshot};
 
 #[derive(Debug, thiserror::Error)]

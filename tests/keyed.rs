@@ -9,9 +9,9 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
+use idem_runtime::store::Store;
 use idem_runtime::store::memory::MemoryStore;
 use idem_runtime::{Error, Fingerprint, Key, KeySecret, idempotent, install_key_secret};
-use idem_runtime::store::Store;
 use sha2::{Digest, Sha256};
 
 const SCOPE: &str = "idem-tests::keyed::pay";

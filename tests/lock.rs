@@ -8,14 +8,14 @@
 
 use std::time::{Duration, Instant};
 
-use idem_runtime::store::Token;
 use idem_runtime::lock::postgres::PgLocks;
 use idem_runtime::lock::redis::RedisLocks;
+use idem_runtime::store::Token;
 use idem_tests::proxy::Proxy;
 use idem_tests::services;
 
 fn name(case: &str) -> String {
-    let t = Token::random().as_bytes();
+    let t = *Token::random().as_bytes();
     let hex: String = t[..8].iter().map(|b| format!("{b:02x}")).collect();
     format!("lock-test:{case}:{hex}")
 }

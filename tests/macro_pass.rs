@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, OnceLock};
 
 use idem_runtime::store::memory::MemoryStore;
-use idem_runtime::{Error, Key, KeyPart, idempotent, step};
 use idem_runtime::store::{RecordState, Store};
+use idem_runtime::{Error, Key, KeyPart, idempotent, step};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 

@@ -87,7 +87,9 @@ fn calls_are_counted_by_outcome_scope_and_kind() {
                 lease: Duration::from_secs(30),
                 ttl: Duration::from_secs(3600),
             };
-            idem_runtime::store::Store::claim(&svc.store, req).await.unwrap();
+            idem_runtime::store::Store::claim(&svc.store, req)
+                .await
+                .unwrap();
             assert!(matches!(
                 svc.create(3).await,
                 Err(AppError(idem_runtime::Error::InProgress { .. }))

@@ -8,9 +8,9 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use idem_runtime::Key;
 use idem_runtime::idempotent;
 use idem_runtime::store::sql::SqliteStore;
-use idem_runtime::Key;
 use idem_runtime::store::{RecordState, Store};
 use sqlx::{Sqlite, Transaction};
 
@@ -399,7 +399,8 @@ mod postgres {
     fn order_no(case: &str) -> String {
         format!(
             "{case}-{}",
-            idem_runtime::store::Token::random().as_bytes()[0] as u32 * 100_000 + std::process::id() % 100_000
+            idem_runtime::store::Token::random().as_bytes()[0] as u32 * 100_000
+                + std::process::id() % 100_000
         )
     }
 

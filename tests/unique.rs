@@ -17,7 +17,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Database, SqlitePool};
 
 fn random_name(prefix: &str) -> String {
-    let t = Token::random().as_bytes();
+    let t = *Token::random().as_bytes();
     let hex: String = t[..6].iter().map(|b| format!("{b:02x}")).collect();
     format!("{prefix}_{hex}")
 }

@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use idem_runtime::store::memory::MemoryStore;
-use idem_runtime::{Key, StoreRef, idempotent};
 use idem_runtime::store::{ClaimRequest, Completion, StoredOutcome, Token};
+use idem_runtime::{Key, StoreRef, idempotent};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

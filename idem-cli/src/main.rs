@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Parser, Subcommand};
-use idem_runtime::store::{StoredOutcome, RecordInfo, RecordState, RecordStats};
+use idem_runtime::store::{RecordInfo, RecordState, RecordStats, StoredOutcome};
 use idem_runtime::{Key, KeySecret};
 use serde_json::{Value, json};
 

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use idem_runtime::store::redis::RedisStore;
 use idem_runtime::store::sql::{MySqlStore, PgStore, SqliteStore};
+use idem_runtime::store::{Claim, ClaimRequest, Completion, Store, StoredOutcome, Token};
 use idem_runtime::{Key, KeySecret, StoreRef};
-use idem_runtime::store::{Claim, ClaimRequest, Completion, StoredOutcome, Store, Token};
 use serde_json::Value;
 
 fn idem(args: &[&str], envs: &[(&str, &str)]) -> Output {

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use idem_runtime::protocol::{Kind, Spec, execute};
 use idem_runtime::store::sql::MySqlStore;
-use idem_runtime::{Error, StoreRef};
 use idem_runtime::store::{RecordState, Store};
+use idem_runtime::{Error, StoreRef};
 use idem_tests::conformance::fresh_key;
 use sqlx::mysql::MySqlPoolOptions;
 

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
+use idem_runtime::Key;
 use idem_runtime::store::sql::MySqlStore;
 use idem_runtime::store::tx::{AsTxConnection, TxConnection};
-use idem_runtime::Key;
 use idem_runtime::store::{Claim, Token};
 use idem_tests::conformance::fresh_key;
 

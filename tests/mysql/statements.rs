@@ -3,9 +3,9 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
+use idem_runtime::idempotent;
 use idem_runtime::store::sql::MySqlStore;
 use idem_runtime::store::tx::{AsTxConnection, TxConnection};
-use idem_runtime::idempotent;
 use idem_runtime::store::{Claim, Token};
 use idem_tests::conformance::fresh_key;
 

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use idem_runtime::store::sql::MySqlStore;
 use idem_runtime::store::tx::{AsTxConnection, TxConnection};
-use idem_runtime::{Error, Key, idempotent};
 use idem_runtime::store::{Claim, RecordState, Store, Token};
+use idem_runtime::{Error, Key, idempotent};
 use idem_tests::conformance::fresh_key;
 
 use crate::{AppError, request, soon, store, success};

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 use idem_runtime::store::sql::PgStore;
-use idem_runtime::{Error, idempotent};
 use idem_runtime::store::{Claim, RecordState, Store, Token};
+use idem_runtime::{Error, idempotent};
 use idem_tests::conformance::fresh_key;
 use idem_tests::services;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};

@@ -21,8 +21,8 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use idem_runtime::store::sql::PgStore;
-use idem_runtime::{Key, StoreRef};
 use idem_runtime::store::{ClaimRequest, Completion, StoredOutcome, Token};
+use idem_runtime::{Key, StoreRef};
 use idem_tests::conformance::Subject;
 use idem_tests::services;
 use sqlx::PgPool;

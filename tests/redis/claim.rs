@@ -1,8 +1,8 @@
 //! The claim: a re-sent claim is the same claim, and a record's key is
 //! hash-tagged so a cluster spreads records over its masters.
 
-use idem_runtime::store::redis::RedisStore;
 use idem_runtime::Key;
+use idem_runtime::store::redis::RedisStore;
 use idem_runtime::store::{Claim, RecordState, Store, Token};
 use idem_tests::services;
 

@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use idem_runtime::store::redis::RedisStore;
-use idem_runtime::{Error, Key};
 use idem_runtime::store::{RecordState, Store, Token};
+use idem_runtime::{Error, Key};
 use idem_tests::proxy::Proxy;
 use idem_tests::services;
 

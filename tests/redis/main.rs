@@ -25,8 +25,8 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 use idem_runtime::store::redis::RedisStore;
-use idem_runtime::{Error, Key, StoreRef, idempotent};
 use idem_runtime::store::{ClaimRequest, Completion, StoredOutcome, Token};
+use idem_runtime::{Error, Key, StoreRef, idempotent};
 use idem_tests::conformance::Subject;
 use idem_tests::proxy::Proxy;
 use idem_tests::services;
@@ -38,7 +38,7 @@ const UNIT: Duration = Duration::from_millis(200);
 
 /// A key prefix no other store, case or run shares.
 fn unique_prefix() -> String {
-    let t = Token::random().as_bytes();
+    let t = *Token::random().as_bytes();
     let hex: String = t[..8].iter().map(|b| format!("{b:02x}")).collect();
     format!("idem-test:{hex}:")
 }

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use idem_runtime::store::redis::RedisStore;
 use idem_runtime::Key;
+use idem_runtime::store::redis::RedisStore;
 use idem_runtime::store::{Claim, ClaimRequest, RecordState, Store, Token};
 use idem_tests::services;
 

@@ -13,8 +13,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_runtime::protocol::{Kind, Spec, execute};
+use idem_runtime::store::{
+    Claim, ClaimRequest, Completion, RecordState, StoredOutcome, StoredResult, Token,
+};
 use idem_runtime::{Clock as _, Error, Fingerprint, Key, ManualClock, StoreRef};
-use idem_runtime::store::{Claim, ClaimRequest, Completion, StoredOutcome, RecordState, StoredResult, Token};
 
 /// How a subject's clock moves.
 #[derive(Debug, Clone)]
@@ -113,7 +115,7 @@ pub fn fresh_key(case: &str) -> Key {
 
 fn rand_u64() -> u64 {
     // Tokens are random; borrowing one avoids a direct dependency on `rand` here.
-    let t = Token::random().as_bytes();
+    let t = *Token::random().as_bytes();
     u64::from_le_bytes(t[..8].try_into().expect("16-byte token"))
 }
 

@@ -7,8 +7,8 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use idem_runtime::{Clock, Key, StoreError, SystemClock};
 use idem_runtime::store::{Claim, ClaimRequest, Store, Token};
+use idem_runtime::{Clock, Key, StoreError, SystemClock};
 
 use crate::conformance::fresh_key;
 

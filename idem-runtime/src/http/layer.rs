@@ -541,7 +541,7 @@ where
         }
         Ok(Recorded::First { encoded, response })
     };
-    let out = protocol::execute_stored::<Recorded, ViaLayer, Failure<S::Error, ResB>, _>(
+    let out = protocol::execute::<Recorded, ViaLayer, Failure<S::Error, ResB>, _>(
         &spec,
         store,
         key,

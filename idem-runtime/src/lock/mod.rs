@@ -8,7 +8,7 @@
 //! concurrently with other work (a nightly batch, a rebalancing job), never in
 //! place of the claim.
 //!
-//! Every lock is held under a random [`Token`](crate::Token). Renewing and
+//! Every lock is held under a random [`Token`](crate::store::Token). Renewing and
 //! releasing check it in one atomic step, so a holder whose lease ran out (a
 //! long GC pause, a partition) can neither extend nor delete the lock a later
 //! holder took meanwhile: the reference notes' "lock deleted by mistake".

@@ -201,7 +201,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisLocks<C> {
             .query_async(&mut self.conn.clone())
             .await
             .map_err(|e| self.err(e))?;
-        Ok(held.and_then(|b| <[u8; 16]>::try_from(b.as_slice()).ok().map(Token)))
+        Ok(held.and_then(|b| {
+            <[u8; 16]>::try_from(b.as_slice())
+                .ok()
+                .map(Token::from_bytes)
+        }))
     }
 }
 

@@ -159,7 +159,7 @@ impl<T: StoredForm<M>, E: FromIdemError, M: 'static> WhenTypesHold<T, E, M>
         T: 'a,
         E: 'a,
     {
-        protocol::execute_stored::<T, M, E, F>(spec, store, key, fingerprint, body)
+        protocol::execute::<T, M, E, F>(spec, store, key, fingerprint, body)
     }
 
     fn run_step<'a, F>(
@@ -172,7 +172,7 @@ impl<T: StoredForm<M>, E: FromIdemError, M: 'static> WhenTypesHold<T, E, M>
         T: 'a,
         E: 'a,
     {
-        protocol::run_stored_step::<T, M, E, F>(name, body)
+        protocol::run_step::<T, M, E, F>(name, body)
     }
 
     fn execute_in_tx<'a, C, F>(
@@ -189,7 +189,7 @@ impl<T: StoredForm<M>, E: FromIdemError, M: 'static> WhenTypesHold<T, E, M>
         T: 'a,
         E: 'a,
     {
-        protocol::execute_stored_in_tx::<C, T, M, E, F>(spec, conn, key, fingerprint, body)
+        protocol::execute_in_tx::<C, T, M, E, F>(spec, conn, key, fingerprint, body)
     }
 }
 
@@ -230,14 +230,7 @@ impl<T: StoredForm<M>, E: FromIdemError + StorableError, M: 'static>
         T: 'a,
         E: 'a,
     {
-        protocol::execute_stored_keeping_final::<T, M, E, F>(
-            spec,
-            store,
-            key,
-            fingerprint,
-            is_final,
-            body,
-        )
+        protocol::execute_keeping_final::<T, M, E, F>(spec, store, key, fingerprint, is_final, body)
     }
 }
 

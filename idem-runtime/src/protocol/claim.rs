@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::error::{CodecError, Error};
 use crate::key::{Fingerprint, Key};
 use crate::observe::{self, CallOutcome};
-use crate::store::{Claim, ClaimRequest, StoredOutcome, StoreRef, StoredResult, Token};
+use crate::store::{Claim, ClaimRequest, StoreRef, StoredOutcome, StoredResult, Token};
 
 use super::record::Unstored;
 use super::{ErrorPolicy, FromIdemError, Spec, StoredForm, hint, report};

@@ -8,7 +8,7 @@ use crate::error::{CodecError, Error};
 use crate::key::Key;
 use crate::observe::CallOutcome;
 use crate::store::tx::TxConnection;
-use crate::store::{Completion, StoredOutcome, StoreRef, Token};
+use crate::store::{Completion, StoreRef, StoredOutcome, Token};
 
 use super::{ErrorPolicy, FromIdemError, Spec, StoredForm, report};
 

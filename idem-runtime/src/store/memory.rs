@@ -7,8 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    AsStore, Claim, ClaimRequest, Completion, DEFAULT_MAX_RESULT_BYTES, StoredOutcome, RecordInfo,
-    RecordState, Store, StoreRef, StoredResult, Token,
+    AsStore, Claim, ClaimRequest, Completion, DEFAULT_MAX_RESULT_BYTES, RecordInfo, RecordState,
+    Store, StoreRef, StoredOutcome, StoredResult, Token,
 };
 use crate::clock::{Clock, SystemClock, duration_millis};
 use crate::error::StoreError;

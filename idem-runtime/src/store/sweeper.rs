@@ -93,7 +93,7 @@ mod tests {
 
     use super::*;
     use crate::store::memory::MemoryStore;
-    use crate::store::{Claim, ClaimRequest, Completion, StoredOutcome, RecordInfo, Store, Token};
+    use crate::store::{Claim, ClaimRequest, Completion, RecordInfo, Store, StoredOutcome, Token};
     use crate::{Key, ManualClock, StoreError};
 
     /// A memory store that can fail its purges and remembers each batch's size.

@@ -35,10 +35,10 @@ pub trait TxConnection: Send {
     /// taken over while alive.
     fn in_transaction(&self) -> bool;
 
-    /// [`crate::Store::claim`], on this connection.
+    /// [`crate::store::Store::claim`], on this connection.
     async fn claim(&mut self, req: ClaimRequest<'_>) -> Result<Claim, StoreError>;
 
-    /// [`crate::Store::complete`], on this connection.
+    /// [`crate::store::Store::complete`], on this connection.
     async fn complete(
         &mut self,
         key: &Key,
@@ -46,7 +46,7 @@ pub trait TxConnection: Send {
         completion: Completion<'_>,
     ) -> Result<bool, StoreError>;
 
-    /// [`crate::Store::release`], on this connection.
+    /// [`crate::store::Store::release`], on this connection.
     async fn release(&mut self, key: &Key, token: Token) -> Result<bool, StoreError>;
 }
 

@@ -163,7 +163,9 @@ async fn run(args: &[String]) -> Result<BrokerError, Box<dyn std::error::Error>>
         }
         ("rabbitmq", [queue]) => {
             let conn = rabbitmq::connect(&services::rabbitmq_url()).await?;
-            let source = RabbitMqSource::builder(queue, name).connect(conn.create_channel().await?).await?;
+            let source = RabbitMqSource::builder(queue, name)
+                .connect(conn.create_channel().await?)
+                .await?;
             consume(source, ledger).await
         }
         ("nats", [stream, parking]) => {

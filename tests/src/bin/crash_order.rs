@@ -37,10 +37,10 @@ use std::process::ExitCode;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+use idem_runtime::store::Token;
 use idem_runtime::store::redis::RedisStore;
 use idem_runtime::store::sql::{PgStore, SqliteStore};
 use idem_runtime::{StoreRef, idempotent, step};
-use idem_runtime::store::Token;
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};

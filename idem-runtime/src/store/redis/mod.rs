@@ -248,18 +248,19 @@ impl Store for RedisStore {
         self.fenced(
             &SCRIPTS.complete,
             key,
-            &[&token.as_bytes(), &code, completion.payload, ttl.as_bytes()],
+            &[token.as_bytes(), &code, completion.payload, ttl.as_bytes()],
         )
         .await
     }
 
     async fn release(&self, key: &Key, token: Token) -> Result<bool, StoreError> {
-        self.fenced(&SCRIPTS.release, key, &[&token.as_bytes()]).await
+        self.fenced(&SCRIPTS.release, key, &[token.as_bytes()])
+            .await
     }
 
     async fn renew(&self, key: &Key, token: Token, lease: Duration) -> Result<bool, StoreError> {
         let lease = millis(lease).to_string();
-        self.fenced(&SCRIPTS.renew, key, &[&token.as_bytes(), lease.as_bytes()])
+        self.fenced(&SCRIPTS.renew, key, &[token.as_bytes(), lease.as_bytes()])
             .await
     }
 
@@ -280,7 +281,7 @@ impl Store for RedisStore {
 
     /// One `DEL`, whatever the record's state.
     async fn evict(&self, key: &Key) -> Result<bool, StoreError> {
-        self.fenced(&SCRIPTS.evict, key, &[&Token::random().as_bytes()])
+        self.fenced(&SCRIPTS.evict, key, &[Token::random().as_bytes()])
             .await
     }
 

@@ -45,7 +45,7 @@ pub(super) enum Record {
 pub(super) fn processing_head(token: Token, fp: Option<Fingerprint>) -> Vec<u8> {
     let mut v = Vec::with_capacity(2 + 16 + 1 + 32 + 40);
     v.extend_from_slice(b"P1");
-    v.extend_from_slice(&token.as_bytes());
+    v.extend_from_slice(token.as_bytes());
     match fp {
         Some(fp) => {
             v.push(b'#');

@@ -10,7 +10,7 @@ use sqlx::{ColumnIndex, Decode, Row, Type};
 
 use crate::clock::duration_millis;
 use crate::key::Fingerprint;
-use crate::store::{Claim, StoredOutcome, RecordInfo, RecordState, StoredResult, Token};
+use crate::store::{Claim, RecordInfo, RecordState, StoredOutcome, StoredResult, Token};
 
 /// The `state` column: free to claim (the row and its fence kept).
 pub(crate) const RELEASED: i64 = 0;

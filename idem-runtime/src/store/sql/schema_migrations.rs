@@ -96,7 +96,7 @@ fn script(
 }
 
 /// The schema script of the SQL store whose backend is named `backend`
-/// (`"sqlite"`, `"postgres"` or `"mysql"`, as [`crate::Store::backend`]
+/// (`"sqlite"`, `"postgres"` or `"mysql"`, as [`crate::store::Store::backend`]
 /// names them), if this build has that store.
 pub fn schema_sql(backend: &str) -> Option<String> {
     match backend {
