@@ -10,11 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_runtime::ManualClock;
+use idem_runtime::store::StoreRef;
 use idem_runtime::store::Token;
 use idem_runtime::store::memory::MemoryStore;
 use idem_runtime::store::redis::RedisStore;
 use idem_runtime::store::sql::{PgStore, SqliteStore};
-use idem_runtime::{StoreRef, idempotent, step};
+use idem_runtime::{idempotent, step};
 use idem_tests::services;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, oneshot};

@@ -1,8 +1,9 @@
 //! Every embedded store runs the whole conformance suite.
 
+use idem_runtime::ManualClock;
+use idem_runtime::store::StoreRef;
 use idem_runtime::store::memory::MemoryStore;
 use idem_runtime::store::sql::SqliteStore;
-use idem_runtime::{ManualClock, StoreRef};
 use idem_tests::conformance::Subject;
 
 async fn memory() -> Subject {

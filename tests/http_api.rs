@@ -7,7 +7,7 @@ mod http_api;
 use std::time::Duration;
 
 use http_api::{App, Order, router};
-use idem_runtime::StoreRef;
+use idem_runtime::store::StoreRef;
 use idem_runtime::store::sql::SqliteStore;
 use reqwest::StatusCode;
 use serde_json::json;

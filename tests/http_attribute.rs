@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
 use idem_runtime::protocol::{Kind, Spec, execute, track_replays};
+use idem_runtime::store::StoreRef;
 use idem_runtime::store::memory::MemoryStore;
-use idem_runtime::{Error, Key, StoreRef};
+use idem_runtime::{Error, Key};
 
 fn unique(scope: &str) -> Key {
     use std::hash::{BuildHasher, RandomState};

@@ -14,10 +14,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use idem_runtime::store::StoreRef;
 use idem_runtime::store::memory::MemoryStore;
 use idem_runtime::store::sql::SqliteStore;
 use idem_runtime::store::{Claim, ClaimRequest, Completion, RecordInfo, Store, Token};
-use idem_runtime::{Error, Key, ManualClock, StoreError, StoreRef, idempotent, step};
+use idem_runtime::{Error, Key, ManualClock, StoreError, idempotent, step};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 

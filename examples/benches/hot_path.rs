@@ -25,9 +25,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use idem_runtime::store::StoreRef;
 use idem_runtime::store::memory::MemoryStore;
 use idem_runtime::store::{ClaimRequest, Completion, StoredOutcome, Token};
-use idem_runtime::{Key, StoreRef, idempotent};
+use idem_runtime::{Key, idempotent};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

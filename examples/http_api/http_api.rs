@@ -28,9 +28,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{post, put};
 use axum::{Json, Router};
-use idem_runtime::StoreRef;
 use idem_runtime::http::{IdempotencyLayer, ReplayedHeaderLayer};
 use idem_runtime::idempotent;
+use idem_runtime::store::StoreRef;
 use idem_runtime::store::sql::SqliteStore;
 use serde::{Deserialize, Serialize};
 

@@ -1,3 +1,7 @@
+// One file by design: every side of every table (idem, the design's floor,
+// the notes' reference flow, on Redis, PostgreSQL and MySQL) is measured by the
+// same loop in the same process, so a reader checks the comparison in one
+// place; splitting it would put the sides being compared in different files.
 //! What idempotency costs, against the reference notes' hand-written flows,
 //! on loopback Redis, PostgreSQL and MySQL (MariaDB).
 //!

@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use idem_runtime::StoreRef;
+use idem_runtime::store::StoreRef;
 use idem_runtime::store::redis::RedisStore;
 use idem_runtime::store::sql::{MySqlStore, PgStore, SqliteStore};
 

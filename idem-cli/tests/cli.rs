@@ -8,10 +8,11 @@ use std::process::{Command, Output};
 use std::str::FromStr;
 use std::time::Duration;
 
+use idem_runtime::store::StoreRef;
 use idem_runtime::store::redis::RedisStore;
 use idem_runtime::store::sql::{MySqlStore, PgStore, SqliteStore};
 use idem_runtime::store::{Claim, ClaimRequest, Completion, Store, StoredOutcome, Token};
-use idem_runtime::{Key, KeySecret, StoreRef};
+use idem_runtime::{Key, KeySecret};
 use serde_json::Value;
 
 fn idem(args: &[&str], envs: &[(&str, &str)]) -> Output {

@@ -114,7 +114,8 @@ use errors::Errors;
 ///
 /// use idem_runtime::protocol::{self, Kind, Spec};
 /// use idem_runtime::store::memory::MemoryStore;
-/// use idem_runtime::{AsStore, Fingerprint, Key, idempotent};
+/// use idem_runtime::{Fingerprint, Key, idempotent};
+/// use idem_runtime::store::AsStore;
 ///
 /// # #[derive(Debug)] pub struct AppError;
 /// # impl From<idem_runtime::Error> for AppError { fn from(_: idem_runtime::Error) -> Self { AppError } }

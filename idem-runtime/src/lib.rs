@@ -52,7 +52,7 @@ mod flow;
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
 mod install;
-pub mod key;
+mod key;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "redis", feature = "postgres"))))]
 pub mod lock;
@@ -76,9 +76,11 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{CodecError, Error, StoreError};
 pub use flow::{current_fence, current_key, lease_lost};
 pub use install::{install, install_key_secret};
-pub use key::{Fingerprint, Key, KeyEncoder, KeyPart, KeySecret, KeySecretError};
+pub use key::{
+    Fingerprint, FingerprintBuilder, Key, KeyBuilder, KeyEncoder, KeyParseError, KeyPart,
+    KeySecret, KeySecretError, ShortKey,
+};
 pub use observe::CallOutcome;
-pub use store::{AsStore, StoreRef};
 
 /// What expansions of `#[idempotent]` and `#[step]` name. Not a public API:
 /// it changes without notice.

@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
+use idem_runtime::Error;
 use idem_runtime::protocol::{Kind, Spec, execute};
+use idem_runtime::store::StoreRef;
 use idem_runtime::store::sql::MySqlStore;
 use idem_runtime::store::{RecordState, Store};
-use idem_runtime::{Error, StoreRef};
 use idem_tests::conformance::fresh_key;
 use sqlx::mysql::MySqlPoolOptions;
 

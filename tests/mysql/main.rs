@@ -21,9 +21,10 @@ mod transaction;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
+use idem_runtime::store::StoreRef;
 use idem_runtime::store::sql::MySqlStore;
 use idem_runtime::store::{Claim, ClaimRequest, Completion, Store, StoredOutcome, Token};
-use idem_runtime::{Error, Key, StoreRef, idempotent};
+use idem_runtime::{Error, Key, idempotent};
 use idem_tests::conformance::{Subject, fresh_key};
 use idem_tests::services;
 use sqlx::mysql::MySqlPoolOptions;

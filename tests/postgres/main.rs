@@ -20,9 +20,10 @@ mod transaction;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+use idem_runtime::Key;
+use idem_runtime::store::StoreRef;
 use idem_runtime::store::sql::PgStore;
 use idem_runtime::store::{ClaimRequest, Completion, StoredOutcome, Token};
-use idem_runtime::{Key, StoreRef};
 use idem_tests::conformance::Subject;
 use idem_tests::services;
 use sqlx::PgPool;

@@ -2,10 +2,11 @@
 
 use std::time::Duration;
 
+use idem_runtime::Key;
+use idem_runtime::store::StoreRef;
 use idem_runtime::store::spawn_sweeper;
 use idem_runtime::store::sql::PgStore;
 use idem_runtime::store::{Store, Token};
-use idem_runtime::{Key, StoreRef};
 use idem_tests::conformance::fresh_key;
 
 use crate::{Schema, request, success, until};

@@ -24,9 +24,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
+use idem_runtime::store::StoreRef;
 use idem_runtime::store::redis::RedisStore;
 use idem_runtime::store::{ClaimRequest, Completion, StoredOutcome, Token};
-use idem_runtime::{Error, Key, StoreRef, idempotent};
+use idem_runtime::{Error, Key, idempotent};
 use idem_tests::conformance::Subject;
 use idem_tests::proxy::Proxy;
 use idem_tests::services;

@@ -13,10 +13,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_runtime::protocol::{Kind, Spec, execute};
+use idem_runtime::store::StoreRef;
 use idem_runtime::store::{
     Claim, ClaimRequest, Completion, RecordState, StoredOutcome, StoredResult, Token,
 };
-use idem_runtime::{Clock as _, Error, Fingerprint, Key, ManualClock, StoreRef};
+use idem_runtime::{Clock as _, Error, Fingerprint, Key, ManualClock};
 
 /// How a subject's clock moves.
 #[derive(Debug, Clone)]
@@ -713,7 +714,8 @@ impl IntoSubject for Option<Subject> {
 ///
 /// ```
 /// use idem_runtime::store::memory::MemoryStore;
-/// use idem_runtime::{ManualClock, StoreRef};
+/// use idem_runtime::ManualClock;
+/// use idem_runtime::store::StoreRef;
 /// use idem_tests::conformance::Subject;
 ///
 /// idem_tests::conformance_suite!(memory, async {

@@ -7,9 +7,10 @@ use serde::{Deserialize, Serialize};
 
 use super::testing::Memory;
 use super::{Acked, Action, Runner};
+use crate::Key;
 use crate::protocol::{Kind, Spec, execute_keeping_final};
+use crate::store::StoreRef;
 use crate::store::memory::MemoryStore;
-use crate::{Key, StoreRef};
 
 const SPEC: Spec = Spec::new("consumer.tests", Kind::Consumer);
 

@@ -148,7 +148,8 @@ impl<E: Serialize + DeserializeOwned> ErrorPolicy<E> for KeepFinal<E> {
 ///
 /// ```
 /// use idem_runtime::protocol::{execute, Kind, Spec};
-/// use idem_runtime::{Error, Key, StoreRef};
+/// use idem_runtime::{Error, Key};
+/// use idem_runtime::store::StoreRef;
 /// use idem_runtime::store::memory::MemoryStore;
 ///
 /// const SPEC: Spec = Spec::new("doc::charge", Kind::Call);
@@ -183,7 +184,8 @@ where
 ///
 /// ```
 /// use idem_runtime::protocol::{execute_keeping_final, Kind, Spec};
-/// use idem_runtime::{Error, Key, StoreRef};
+/// use idem_runtime::{Error, Key};
+/// use idem_runtime::store::StoreRef;
 /// use idem_runtime::store::memory::MemoryStore;
 ///
 /// #[derive(Debug, serde::Serialize, serde::Deserialize)]

@@ -55,7 +55,8 @@ tokio::task_local! {
 ///
 /// ```
 /// use idem_runtime::protocol::{execute, track_replays, Kind, Spec};
-/// use idem_runtime::{Error, Key, StoreRef};
+/// use idem_runtime::{Error, Key};
+/// use idem_runtime::store::StoreRef;
 /// use idem_runtime::store::memory::MemoryStore;
 ///
 /// const SPEC: Spec = Spec::new("doc::replays", Kind::Call);

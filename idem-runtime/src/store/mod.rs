@@ -301,7 +301,7 @@ pub trait Store: Send + Sync + 'static {
 /// default hold.
 ///
 /// ```
-/// use idem_runtime::StoreRef;
+/// use idem_runtime::store::StoreRef;
 /// use idem_runtime::store::memory::MemoryStore;
 ///
 /// let store = StoreRef::new(MemoryStore::new());
@@ -341,7 +341,7 @@ impl fmt::Debug for StoreRef {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not an idempotency store",
     label = "`store = …` must name a store",
-    note = "pass a value implementing `idem_runtime::store::Store` (and `Clone`), an `Arc` of one, or an `idem_runtime::StoreRef`"
+    note = "pass a value implementing `idem_runtime::store::Store` (and `Clone`), an `Arc` of one, or an `idem_runtime::store::StoreRef`"
 )]
 pub trait AsStore {
     /// A shared handle to the store.

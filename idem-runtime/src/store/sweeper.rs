@@ -30,7 +30,7 @@ use crate::store::StoreRef;
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_runtime::StoreRef;
+/// use idem_runtime::store::StoreRef;
 /// use idem_runtime::store::memory::MemoryStore;
 /// use idem_runtime::store::spawn_sweeper;
 ///

@@ -37,10 +37,11 @@ use std::process::ExitCode;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+use idem_runtime::store::StoreRef;
 use idem_runtime::store::Token;
 use idem_runtime::store::redis::RedisStore;
 use idem_runtime::store::sql::{PgStore, SqliteStore};
-use idem_runtime::{StoreRef, idempotent, step};
+use idem_runtime::{idempotent, step};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};

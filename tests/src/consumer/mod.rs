@@ -22,8 +22,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem_runtime::consumer::{Runner, Source, Stats};
+use idem_runtime::store::StoreRef;
 use idem_runtime::store::memory::MemoryStore;
-use idem_runtime::{ManualClock, StoreRef, idempotent};
+use idem_runtime::{ManualClock, idempotent};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
