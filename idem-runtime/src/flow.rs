@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -47,6 +47,9 @@ pub(crate) struct FlowContext {
     /// What is known of the give-up record: `None` not read yet, `Some(None)`
     /// absent, `Some(Some(final error))` an earlier run gave up.
     gave_up: Mutex<Option<Option<Vec<u8>>>>,
+    /// Outbox messages written in this run so far: a message's position, from
+    /// which its id derives (a retry writes them again in the same order).
+    outbox_written: AtomicU64,
 }
 
 /// A finished step's compensation, waiting for the flow to give up.
@@ -138,6 +141,7 @@ impl FlowContext {
             parent: current(),
             occurrences: Mutex::new(HashMap::new()),
             compensations: Mutex::new(Vec::new()),
+            outbox_written: AtomicU64::new(0),
             replayed: AtomicBool::new(false),
             may_give_up: AtomicBool::new(false),
             gave_up: Mutex::new(None),
@@ -314,6 +318,14 @@ pub(crate) fn current() -> Option<Arc<FlowContext>> {
 /// ```
 pub fn current_key() -> Option<Key> {
     FLOW.try_with(|f| f.key).ok()
+}
+
+/// The key of the call (or step) running on this task and the position of
+/// the next outbox message it writes, counted per run: a step's messages
+/// count under the step's key, so replaying a step shifts no later position.
+pub(crate) fn next_outbox_position() -> Option<(Key, u64)> {
+    FLOW.try_with(|f| (f.key, f.outbox_written.fetch_add(1, Ordering::Relaxed)))
+        .ok()
 }
 
 /// The fence of the idempotent call (or step) running on this task: a number

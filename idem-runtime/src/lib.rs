@@ -57,6 +57,12 @@ mod key;
 #[cfg_attr(docsrs, doc(cfg(any(feature = "redis", feature = "postgres"))))]
 pub mod lock;
 mod observe;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
+pub mod outbox;
 pub mod protocol;
 mod spec;
 pub mod store;

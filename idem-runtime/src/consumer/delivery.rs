@@ -86,6 +86,13 @@ pub trait Delivery: Send + Sized {
     /// parks a delivery past `max_deliveries` without running the handler.
     fn attempt(&self) -> u32;
 
+    /// The id the message was published under, when it carries one (the
+    /// outbox's relay always sets it): what an [`Envelope`](super::Envelope)
+    /// handler is keyed on.
+    fn message_id(&self) -> Option<&str> {
+        None
+    }
+
     /// The outcome is recorded: remove the message for good.
     async fn ack(self) -> Result<(), BrokerError>;
 

@@ -207,6 +207,16 @@ impl Delivery for JetStreamDelivery {
         self.attempt
     }
 
+    /// `Nats-Msg-Id`: the id the server's duplicate window also drops
+    /// re-publishes by.
+    fn message_id(&self) -> Option<&str> {
+        self.message
+            .headers
+            .as_ref()?
+            .get(async_nats::header::NATS_MESSAGE_ID)
+            .map(|v| v.as_str())
+    }
+
     async fn ack(self) -> Result<(), BrokerError> {
         self.message
             .double_ack()

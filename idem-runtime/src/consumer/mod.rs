@@ -10,7 +10,7 @@
 //! | recorded or replayed `Ok`, then the handler returned `Err` | the same: what failed after the call is in no record | yes |
 //! | the handler panicked | the same | yes |
 //! | `KeyReuse`, a stored result that no longer decodes | park at once | — |
-//! | the payload does not decode into the message type | park at once | — |
+//! | the payload does not decode into the message type (or an [`Envelope`] handler's message carries no id) | park at once | — |
 //! | nothing yet: the delivery's count is already past `max_deliveries` | park without running the handler | — |
 //!
 //! The ack is sent only after the store has recorded the outcome: "process,
@@ -74,12 +74,14 @@ pub mod rabbitmq;
 pub mod redis_streams;
 
 mod delivery;
+mod envelope;
 mod runner;
 pub mod testing;
 #[cfg(test)]
 mod tests;
 
 pub use delivery::{Acked, Action, BrokerError, Delivery, Source};
+pub use envelope::{Envelope, FromDelivery, MessageId};
 pub use runner::{Runner, Stats};
 
 use crate::protocol::report;

@@ -384,6 +384,15 @@ impl Delivery for RabbitMqDelivery {
         self.attempt
     }
 
+    /// The AMQP `message-id` property.
+    fn message_id(&self) -> Option<&str> {
+        self.delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|id| id.as_str())
+    }
+
     async fn ack(self) -> Result<(), BrokerError> {
         self.delivery
             .ack(BasicAckOptions::default())

@@ -42,6 +42,10 @@ use super::{BrokerError, Delivery, Source};
 /// The entry field holding the JSON message.
 pub const PAYLOAD_FIELD: &str = "payload";
 
+/// The entry field holding the message id, when the publisher set one (the
+/// outbox's relay always does); see [`Delivery::message_id`].
+pub const MESSAGE_ID_FIELD: &str = "message-id";
+
 fn broker(e: RedisError) -> BrokerError {
     BrokerError::new("redis", e)
 }
@@ -172,7 +176,9 @@ impl RedisStreamsSource {
 
     fn delivery(&self, entry: StreamId, attempt: u32) -> RedisStreamsDelivery {
         let payload = entry.get::<Vec<u8>>(PAYLOAD_FIELD);
+        let message_id = entry.get::<String>(MESSAGE_ID_FIELD);
         RedisStreamsDelivery {
+            message_id,
             conn: self.conn.clone(),
             names: self.names.clone(),
             id: entry.id,
@@ -268,6 +274,7 @@ pub struct RedisStreamsDelivery {
     names: Arc<Names>,
     id: String,
     payload: Option<Vec<u8>>,
+    message_id: Option<String>,
     attempt: u32,
 }
 
@@ -310,6 +317,10 @@ impl Delivery for RedisStreamsDelivery {
         self.attempt
     }
 
+    fn message_id(&self) -> Option<&str> {
+        self.message_id.as_deref()
+    }
+
     async fn ack(mut self) -> Result<(), BrokerError> {
         let _: i64 = redis::cmd("XACK")
             .arg(&self.names.stream)
@@ -347,8 +358,11 @@ impl Delivery for RedisStreamsDelivery {
             .arg("id")
             .arg(&self.id)
             .arg("deliveries")
-            .arg(self.attempt)
-            .ignore()
+            .arg(self.attempt);
+        if let Some(id) = &self.message_id {
+            pipe.arg(MESSAGE_ID_FIELD).arg(id);
+        }
+        pipe.ignore()
             .cmd("XACK")
             .arg(&n.stream)
             .arg(&n.group)

@@ -9,13 +9,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use serde::de::DeserializeOwned;
 
-use crate::error::CodecError;
 use crate::observe::CallOutcome;
 use crate::protocol::report::{self, Noted};
 
-use super::{Acked, Action, BrokerError, Delivery, Source};
+use super::{Acked, Action, BrokerError, Delivery, FromDelivery, Source};
 
 #[derive(Default)]
 struct Counters {
@@ -163,7 +161,7 @@ impl Runner {
     ) -> Result<Action, BrokerError>
     where
         D: Delivery,
-        M: DeserializeOwned,
+        M: FromDelivery,
         H: Fn(M) -> Fut + ?Sized,
         Fut: Future<Output = Result<T, E>>,
         E: fmt::Debug,
@@ -172,7 +170,7 @@ impl Runner {
         loop {
             self.count(&self.counters.delivered, "idem_consumer_delivered_total");
             let attempt = delivery.attempt();
-            let decision = match delivery.payload().map(serde_json::from_slice::<M>) {
+            let decision = match M::from_delivery(&delivery) {
                 // Counted deliveries past the limit that never got a verdict
                 // from this runner: each ended with its consumer (a crash, a
                 // kill, a hang past the broker's timeout). Running the handler
@@ -183,12 +181,8 @@ impl Runner {
                      was killed or hung)",
                     self.max_deliveries
                 )),
-                None => Decision::Park("undecodable: the message has no payload".to_owned()),
-                // The reason keeps serde's category and position, not the
-                // value: message bodies hold customers' data and reasons end
-                // up in logs and parking streams.
-                Some(Err(e)) => Decision::Park(format!("undecodable: {}", CodecError::from(e))),
-                Some(Ok(message)) => {
+                Err(reason) => Decision::Park(reason),
+                Ok(message) => {
                     // Inside the async block, so a panic while making the
                     // future is caught too.
                     let run = AssertUnwindSafe(async { handler(message).await }).catch_unwind();
@@ -256,7 +250,7 @@ impl Runner {
     pub async fn run<S, M, T, E, H, Fut>(&self, mut source: S, handler: H) -> BrokerError
     where
         S: Source,
-        M: DeserializeOwned,
+        M: FromDelivery,
         H: Fn(M) -> Fut,
         Fut: Future<Output = Result<T, E>>,
         E: fmt::Debug,

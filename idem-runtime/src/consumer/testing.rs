@@ -16,6 +16,7 @@ use super::{BrokerError, Delivery};
 pub struct Memory {
     body: Vec<u8>,
     attempt: u32,
+    message_id: Option<String>,
     log: Arc<Mutex<Vec<String>>>,
 }
 
@@ -25,6 +26,7 @@ impl Memory {
         Memory {
             body: body.to_vec(),
             attempt: 1,
+            message_id: None,
             log: Arc::default(),
         }
     }
@@ -32,6 +34,12 @@ impl Memory {
     /// The same, as its `attempt`-th counted delivery.
     pub fn attempt(mut self, attempt: u32) -> Memory {
         self.attempt = attempt;
+        self
+    }
+
+    /// The same, published under `id` (as the outbox's relay sets it).
+    pub fn with_message_id(mut self, id: impl Into<String>) -> Memory {
+        self.message_id = Some(id.into());
         self
     }
 
@@ -54,6 +62,10 @@ impl Delivery for Memory {
 
     fn attempt(&self) -> u32 {
         self.attempt
+    }
+
+    fn message_id(&self) -> Option<&str> {
+        self.message_id.as_deref()
     }
 
     async fn ack(self) -> Result<(), BrokerError> {

@@ -11,11 +11,18 @@ pub(crate) struct Migration {
 }
 
 #[cfg(feature = "sqlite")]
-pub(crate) const SQLITE: &[Migration] = &[Migration {
-    version: 1,
-    description: "create idem_records",
-    sql: include_str!("../../../migrations/sqlite/0001_create_records.sql"),
-}];
+pub(crate) const SQLITE: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "create idem_records",
+        sql: include_str!("../../../migrations/sqlite/0001_create_records.sql"),
+    },
+    Migration {
+        version: 2,
+        description: "create idem_outbox",
+        sql: include_str!("../../../migrations/sqlite/0002_create_outbox.sql"),
+    },
+];
 
 #[cfg(feature = "sqlite")]
 pub(crate) const SQLITE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS idem_schema_migrations (
@@ -25,11 +32,18 @@ pub(crate) const SQLITE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS idem_schema_m
 )";
 
 #[cfg(feature = "postgres")]
-pub(crate) const POSTGRES: &[Migration] = &[Migration {
-    version: 1,
-    description: "create idem_records",
-    sql: include_str!("../../../migrations/postgres/0001_create_records.sql"),
-}];
+pub(crate) const POSTGRES: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "create idem_records",
+        sql: include_str!("../../../migrations/postgres/0001_create_records.sql"),
+    },
+    Migration {
+        version: 2,
+        description: "create idem_outbox",
+        sql: include_str!("../../../migrations/postgres/0002_create_outbox.sql"),
+    },
+];
 
 #[cfg(feature = "postgres")]
 pub(crate) const POSTGRES_LEDGER: &str = "CREATE TABLE idem_schema_migrations (
@@ -46,11 +60,18 @@ pub(crate) const POSTGRES_LEDGER: &str = "CREATE TABLE idem_schema_migrations (
 pub(crate) const POSTGRES_LOCK: i64 = 0x6964_656d_6d69_6772;
 
 #[cfg(feature = "mysql")]
-pub(crate) const MYSQL: &[Migration] = &[Migration {
-    version: 1,
-    description: "create idem_records",
-    sql: include_str!("../../../migrations/mysql/0001_create_records.sql"),
-}];
+pub(crate) const MYSQL: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "create idem_records",
+        sql: include_str!("../../../migrations/mysql/0001_create_records.sql"),
+    },
+    Migration {
+        version: 2,
+        description: "create idem_outbox",
+        sql: include_str!("../../../migrations/mysql/0002_create_outbox.sql"),
+    },
+];
 
 #[cfg(feature = "mysql")]
 pub(crate) const MYSQL_LEDGER: &str = "CREATE TABLE IF NOT EXISTS idem_schema_migrations (
@@ -74,7 +95,7 @@ fn script(
     let mut out = format!(
         "-- idem schema for {backend}: apply once with a user that may run DDL, then open the\n\
          -- stores with .skip_migrations() under the service account (it needs SELECT, INSERT,\n\
-         -- UPDATE and DELETE on idem_records).\n\n{};\n",
+         -- UPDATE and DELETE on idem_records and idem_outbox).\n\n{};\n",
         ledger.replacen(
             "CREATE TABLE idem_schema_migrations",
             "CREATE TABLE IF NOT EXISTS idem_schema_migrations",

@@ -1,0 +1,179 @@
+//! What each SQL database supplies to the outbox: its statements. The relay's
+//! algorithm (claim, publish, mark, back off, park) is written once in
+//! `relay.rs`; a dialect only says how to claim a batch and how to mark it.
+
+use std::future::Future;
+
+
+/// Where a message stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessageState {
+    /// Waiting for a relay (or claimed by one that has not finished).
+    Pending,
+    /// Confirmed by the broker.
+    Sent,
+    /// Given up after `max_attempts`; `idem outbox retry ID` sends it again.
+    Parked,
+}
+
+impl MessageState {
+    pub(crate) fn code(self) -> i16 {
+        match self {
+            MessageState::Pending => 0,
+            MessageState::Sent => 1,
+            MessageState::Parked => 2,
+        }
+    }
+
+    pub(crate) fn from_code(code: i64) -> MessageState {
+        match code {
+            0 => MessageState::Pending,
+            1 => MessageState::Sent,
+            _ => MessageState::Parked,
+        }
+    }
+}
+
+/// The unsent messages of one topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Backlog {
+    /// The topic.
+    pub topic: String,
+    /// Messages waiting to be sent (claimed ones included).
+    pub pending: u64,
+    /// Messages parked for an operator.
+    pub parked: u64,
+    /// Messages sent and not purged yet (counted only when asked for).
+    pub sent: u64,
+    /// Milliseconds since the oldest pending message was written (0 when none).
+    pub oldest_pending_ms: u64,
+}
+
+/// One message as `idem outbox list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedMessage {
+    /// Its place in the table's order.
+    pub seq: i64,
+    /// The message id.
+    pub id: String,
+    /// Its topic.
+    pub topic: String,
+    /// Its ordering key.
+    pub ordering_key: Option<String>,
+    /// Where it stands.
+    pub state: MessageState,
+    /// Claims by relays so far.
+    pub attempts: u32,
+    /// When it was written (ms since the epoch, database clock).
+    pub created_at: i64,
+    /// The last failure's reason (or why it was parked).
+    pub last_error: Option<String>,
+    /// The body's size.
+    pub payload_bytes: u64,
+}
+
+/// A row on its way into the table.
+pub struct NewRow {
+    pub id: String,
+    pub topic: String,
+    pub ordering_key: Option<String>,
+    pub headers: Option<String>,
+    pub payload: Vec<u8>,
+}
+
+/// A claimed row.
+pub struct Claimed {
+    pub seq: i64,
+    pub id: String,
+    pub topic: String,
+    pub ordering_key: Option<String>,
+    pub headers: Option<String>,
+    pub payload: Vec<u8>,
+    pub attempts: i64,
+}
+
+/// A database the outbox runs on: PostgreSQL, MySQL/MariaDB and SQLite.
+/// Sealed: its methods are the outbox's own.
+pub trait OutboxDatabase: Dialect {}
+
+impl<T: Dialect> OutboxDatabase for T {}
+
+/// The statements of one database. Every time is the database server's clock
+/// in milliseconds, read in the statement.
+pub trait Dialect: sqlx::Database {
+    const BACKEND: &'static str;
+
+    /// Inserts the rows (conflict on `id` is success), ordering keys locked
+    /// until the transaction ends so a key's rows take `seq` in commit order.
+    fn insert<'a>(
+        conn: &'a mut Self::Connection,
+        rows: &'a [NewRow],
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// Claims up to `limit` due messages for `lease_ms` under `token`, one per
+    /// ordering key and only a key's oldest unsent one, raising `attempts`.
+    fn claim<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        token: &'a [u8],
+        limit: i64,
+        lease_ms: i64,
+    ) -> impl Future<Output = Result<Vec<Claimed>, sqlx::Error>> + Send + 'a;
+
+    /// Marks the rows still claimed under `token` sent.
+    fn mark_sent<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        token: &'a [u8],
+        seqs: &'a [i64],
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+
+    /// Gives the row back, due after `retry_in_ms`, with the reason; parked
+    /// instead when `park`.
+    fn mark_failed<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        token: &'a [u8],
+        seq: i64,
+        reason: &'a str,
+        retry_in_ms: i64,
+        park: bool,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+
+    /// Counts by topic; sent messages only when `with_sent` (a scan of them).
+    fn backlog(
+        pool: &sqlx::Pool<Self>,
+        with_sent: bool,
+    ) -> impl Future<Output = Result<Vec<Backlog>, sqlx::Error>> + Send + '_;
+
+    /// Messages in `state`, oldest first.
+    fn list(
+        pool: &sqlx::Pool<Self>,
+        state: MessageState,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<ListedMessage>, sqlx::Error>> + Send + '_;
+
+    /// Makes a pending or parked message due now with its attempts reset.
+    fn retry<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        id: &'a str,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
+    /// Deletes up to `limit` messages sent more than `older_than_ms` ago.
+    fn purge(
+        pool: &sqlx::Pool<Self>,
+        older_than_ms: i64,
+        limit: i64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + '_;
+
+    /// A way to wait for the next commit that wrote messages, if the database
+    /// has one (PostgreSQL's LISTEN); `None` makes the relay poll.
+    fn listen(
+        pool: &sqlx::Pool<Self>,
+    ) -> impl Future<Output = Option<Box<dyn Wakeup>>> + Send + '_;
+}
+
+/// Waits for a commit that wrote messages.
+#[async_trait::async_trait]
+pub trait Wakeup: Send {
+    /// Returns after a notification (or an error, which the relay treats as
+    /// "look now").
+    async fn wait(&mut self);
+}

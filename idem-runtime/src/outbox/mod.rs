@@ -1,0 +1,313 @@
+//! The transactional outbox: a message leaves if and only if the transaction
+//! that wrote it commits, and a consumer keyed on its id applies it once.
+//!
+//! 1. **Writing.** [`put`] / [`put_all`] insert messages into `idem_outbox`
+//!    inside the caller's sqlx transaction (PostgreSQL, MySQL/MariaDB, SQLite),
+//!    in one statement. A rolled-back transaction leaves nothing to send.
+//! 2. **Relaying.** A [`Relay`] claims committed messages in batches
+//!    (`FOR UPDATE SKIP LOCKED` where the database has it, so relays share
+//!    the work), publishes them through a [`Sink`](sink::Sink), and marks them
+//!    sent only after the broker confirmed. Failures back off and, after
+//!    `max_attempts`, park with their reason. Messages sharing an ordering key
+//!    are published in commit order, one at a time.
+//! 3. **Receiving.** Every message carries its id (a Redis Streams field,
+//!    `Nats-Msg-Id` on JetStream, AMQP `message-id`), and a consumer handler
+//!    that takes an [`Envelope`](crate::consumer::Envelope) is keyed on it.
+//!
+//! The guarantee: **at least once from the relay** (a relay that dies after
+//! the broker took a message and before it marked the message sent publishes
+//! it again), **once in effect** at a consumer keyed on the message id. JetStream
+//! also drops a re-publish inside its duplicate window (`Nats-Msg-Id`).
+//!
+//! ## Message ids
+//! Inside an idempotent call (or step), a message's id derives from the call's
+//! key, the topic and the message's position among the messages this run wrote,
+//! so a retried call that writes the same messages again writes no second row
+//! (conflict is success). Outside one, give the id with [`Message::id`].
+//!
+//! ```no_run
+//! use idem_runtime::outbox::{self, Message};
+//!
+//! #[derive(serde::Serialize)]
+//! struct OrderCreated { order_id: u64 }
+//!
+//! # async fn go(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! let mut tx = pool.begin().await?;
+//! // … the order's own rows, on `tx` …
+//! let id = outbox::put(
+//!     &mut tx,
+//!     Message::json("orders.created", &OrderCreated { order_id: 7 })?
+//!         .id("order-7-created")
+//!         .ordering_key("order-7"),
+//! )
+//! .await?;
+//! tx.commit().await?; // the message exists for the relay from here on
+//! # let _ = id; Ok(()) }
+//! ```
+
+mod admin;
+mod dialect;
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "postgres")]
+mod postgres;
+mod relay;
+pub mod sink;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+use std::collections::BTreeMap;
+
+pub use crate::consumer::MessageId;
+pub use admin::{backlog, list, purge, retry};
+pub use dialect::{Backlog, ListedMessage, MessageState, OutboxDatabase};
+use dialect::NewRow;
+pub use relay::{Relay, RelayBuilder, RelayStats, Round};
+
+use crate::error::{CodecError, StoreError};
+
+/// One message to write into the outbox.
+///
+/// ```
+/// use idem_runtime::outbox::Message;
+/// let m = Message::bytes("audit", b"raw".to_vec()).id("a-1").header("tenant", "acme");
+/// assert_eq!(m.topic(), "audit");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    topic: String,
+    payload: Vec<u8>,
+    ordering_key: Option<String>,
+    headers: BTreeMap<String, String>,
+    id: Option<String>,
+}
+
+impl Message {
+    /// `value` as JSON on `topic` (a Redis stream, a NATS subject, a
+    /// RabbitMQ routing key: the sink decides).
+    pub fn json<T: serde::Serialize + ?Sized>(
+        topic: impl Into<String>,
+        value: &T,
+    ) -> Result<Message, CodecError> {
+        let payload = serde_json::to_vec(value).map_err(|e| CodecError::encoding(&e))?;
+        Ok(Message::bytes(topic, payload))
+    }
+
+    /// Raw bytes on `topic`.
+    pub fn bytes(topic: impl Into<String>, payload: impl Into<Vec<u8>>) -> Message {
+        Message {
+            topic: topic.into(),
+            payload: payload.into(),
+            ordering_key: None,
+            headers: BTreeMap::new(),
+            id: None,
+        }
+    }
+
+    /// Messages with the same ordering key are published in the order their
+    /// transactions committed, each after the one before it was confirmed.
+    /// Writers of one key wait for each other's commit (that is what makes the
+    /// order the commit order).
+    pub fn ordering_key(mut self, key: impl Into<String>) -> Message {
+        self.ordering_key = Some(key.into());
+        self
+    }
+
+    /// A header the sink passes on (a stream field `h:<name>`, a NATS
+    /// header, an AMQP header).
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Message {
+        self.headers.insert(name.into(), value.into());
+        self
+    }
+
+    /// The message id, instead of the one derived from the running call's key.
+    /// Required outside an idempotent call. Writing an id that exists already
+    /// is success and writes nothing.
+    pub fn id(mut self, id: impl Into<String>) -> Message {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// The topic.
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+}
+
+/// Why a message could not be written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OutboxError {
+    /// Outside an idempotent call a message needs an id of the caller's.
+    #[error(
+        "outbox message on `{topic}` has no id: outside an idempotent call, give one with `Message::id`"
+    )]
+    NoId {
+        /// The message's topic.
+        topic: String,
+    },
+    /// A topic, id or ordering key is empty or longer than the table holds.
+    #[error("outbox message {what} {problem}")]
+    Invalid {
+        /// Which field.
+        what: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The database refused the write (the caller's transaction is likely
+    /// aborted: roll it back).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The longest topic, id or ordering key (MySQL indexes them as
+/// `VARCHAR(255)`; the same limit everywhere keeps schemas interchangeable).
+pub const MAX_NAME_CHARS: usize = 255;
+
+fn check_name(what: &'static str, value: &str) -> Result<(), OutboxError> {
+    let problem = if value.is_empty() {
+        "is empty".to_owned()
+    } else if value.chars().count() > MAX_NAME_CHARS {
+        format!(
+            "is {} characters, over {MAX_NAME_CHARS}",
+            value.chars().count()
+        )
+    } else {
+        return Ok(());
+    };
+    Err(OutboxError::Invalid { what, problem })
+}
+
+impl Message {
+    fn into_row(self) -> Result<NewRow, OutboxError> {
+        check_name("topic", &self.topic)?;
+        let id = match self.id {
+            Some(id) => id,
+            None => match crate::flow::next_outbox_position() {
+                Some((key, position)) => {
+                    let derived = key.derive_indexed(&format!("outbox\0{}", self.topic), position);
+                    derived.to_hex()[..32].to_owned()
+                }
+                None => return Err(OutboxError::NoId { topic: self.topic }),
+            },
+        };
+        check_name("id", &id)?;
+        if let Some(k) = &self.ordering_key {
+            check_name("ordering key", k)?;
+        }
+        let headers = if self.headers.is_empty() {
+            None
+        } else {
+            Some(serde_json::to_string(&self.headers).expect("string maps encode"))
+        };
+        Ok(NewRow {
+            id,
+            topic: self.topic,
+            ordering_key: self.ordering_key,
+            headers,
+            payload: self.payload,
+        })
+    }
+}
+
+/// A transaction (or connection) messages can be written on: a
+/// `&mut sqlx::Transaction` of PostgreSQL, MySQL or SQLite, or their bare
+/// connections.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a transaction the outbox can write in",
+    label = "pass the `&mut sqlx::Transaction<'_, DB>` from `pool.begin()`",
+    note = "the outbox is on PostgreSQL, MySQL/MariaDB and SQLite (features `postgres`, `mysql`, `sqlite`)"
+)]
+pub trait OutboxTx: Send {
+    /// The database.
+    type Database: OutboxDatabase;
+
+    /// The connection the insert runs on.
+    fn outbox_connection(&mut self) -> &mut <Self::Database as sqlx::Database>::Connection;
+}
+
+impl<DB: OutboxDatabase> OutboxTx for sqlx::Transaction<'_, DB> {
+    type Database = DB;
+
+    fn outbox_connection(&mut self) -> &mut DB::Connection {
+        self
+    }
+}
+
+macro_rules! outbox_connection {
+    ($feature:literal, $conn:ty, $db:ty) => {
+        #[cfg(feature = $feature)]
+        impl OutboxTx for $conn {
+            type Database = $db;
+
+            fn outbox_connection(&mut self) -> &mut $conn {
+                self
+            }
+        }
+    };
+}
+outbox_connection!("postgres", sqlx::PgConnection, sqlx::Postgres);
+outbox_connection!("mysql", sqlx::MySqlConnection, sqlx::MySql);
+outbox_connection!("sqlite", sqlx::SqliteConnection, sqlx::Sqlite);
+
+/// Writes one message in the caller's transaction and returns its id.
+///
+/// See the [module documentation](self) for an example.
+pub async fn put<T: OutboxTx + ?Sized>(tx: &mut T, message: Message) -> Result<MessageId, OutboxError> {
+    let mut ids = put_all(tx, [message]).await?;
+    Ok(ids.remove(0))
+}
+
+/// Writes several messages in the caller's transaction with one statement
+/// (MySQL adds one for the messages' ordering keys, if they have any) and
+/// returns their ids in order.
+///
+/// ```no_run
+/// use idem_runtime::outbox::{self, Message};
+/// # async fn go(pool: sqlx::SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
+/// let mut tx = pool.begin().await?;
+/// let ids = outbox::put_all(&mut tx, [
+///     Message::bytes("stock.reserved", b"{}".to_vec()).id("r-1"),
+///     Message::bytes("orders.created", b"{}".to_vec()).id("o-1"),
+/// ]).await?;
+/// tx.commit().await?;
+/// assert_eq!(ids.len(), 2);
+/// # Ok(()) }
+/// ```
+pub async fn put_all<T, I>(tx: &mut T, messages: I) -> Result<Vec<MessageId>, OutboxError>
+where
+    T: OutboxTx + ?Sized,
+    I: IntoIterator<Item = Message>,
+{
+    let rows = messages
+        .into_iter()
+        .map(Message::into_row)
+        .collect::<Result<Vec<_>, _>>()?;
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    <T::Database as dialect::Dialect>::insert(tx.outbox_connection(), &rows)
+        .await
+        .map_err(|e| StoreError::new(<T::Database as dialect::Dialect>::BACKEND, "outbox", e))?;
+    Ok(rows.into_iter().map(|r| MessageId::new(r.id)).collect())
+}
+
+/// A claimed message on its way to the broker.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    /// The message id: what the broker and the consumer deduplicate on.
+    pub id: MessageId,
+    /// Where it goes.
+    pub topic: String,
+    /// Its ordering key, if any.
+    pub ordering_key: Option<String>,
+    /// Its headers.
+    pub headers: BTreeMap<String, String>,
+    /// Its body.
+    pub payload: Vec<u8>,
+    /// Which claim this is, from 1.
+    pub attempt: u32,
+}
+
+#[cfg(test)]
+mod tests;

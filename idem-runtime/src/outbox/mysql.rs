@@ -1,0 +1,261 @@
+//! The outbox's statements on MySQL and MariaDB (InnoDB).
+//!
+//! The claim never takes a range lock: candidates come from a plain
+//! (non-locking) read, and only their primary-key rows are then locked with
+//! `FOR UPDATE SKIP LOCKED`. A locking range scan would hold next-key locks
+//! on the table's indexes, and writers inserting into those gaps would queue
+//! behind the relay (and the relay behind their uncommitted rows).
+
+use sqlx::mysql::MySqlRow;
+use sqlx::{Acquire, MySql, MySqlConnection, MySqlPool, QueryBuilder, Row};
+
+use super::dialect::{Backlog, Claimed, Dialect, ListedMessage, MessageState, NewRow, Wakeup};
+
+/// Milliseconds since the epoch on the server's clock, free of the session's
+/// time zone (see the store's `now_ms`).
+macro_rules! now_ms {
+    () => {
+        "(TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)"
+    };
+}
+
+fn push_seqs(q: &mut QueryBuilder<'_, MySql>, seqs: &[i64]) {
+    q.push("(");
+    let mut list = q.separated(", ");
+    for s in seqs {
+        list.push_bind(*s);
+    }
+    q.push(")");
+}
+
+fn claimed(row: MySqlRow) -> Result<Claimed, sqlx::Error> {
+    Ok(Claimed {
+        seq: row.try_get("seq")?,
+        id: row.try_get("id")?,
+        topic: row.try_get("topic")?,
+        ordering_key: row.try_get("ordering_key")?,
+        headers: row.try_get("headers")?,
+        payload: row.try_get("payload")?,
+        attempts: i64::from(row.try_get::<i32, _>("attempts")?),
+    })
+}
+
+impl Dialect for MySql {
+    const BACKEND: &'static str = "mysql";
+
+    /// One statement, plus one before it when the rows have ordering keys: an
+    /// upsert of each key's row in `idem_outbox_keys`, which holds it locked
+    /// until the transaction ends, so a key's messages take their `seq` in
+    /// commit order (the keys in sorted order, so two writers of the same keys
+    /// lock them in the same order).
+    async fn insert<'a>(conn: &'a mut MySqlConnection, rows: &'a [NewRow]) -> Result<(), sqlx::Error> {
+        let mut keys: Vec<&str> = rows.iter().filter_map(|r| r.ordering_key.as_deref()).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        if !keys.is_empty() {
+            let mut q = QueryBuilder::<MySql>::new("INSERT INTO idem_outbox_keys (ordering_key) ");
+            q.push_values(&keys, |mut b, k| {
+                b.push_bind(*k);
+            });
+            q.push(" ON DUPLICATE KEY UPDATE ordering_key = ordering_key");
+            q.build().execute(&mut *conn).await?;
+        }
+        let mut q = QueryBuilder::<MySql>::new(
+            "INSERT INTO idem_outbox (id, topic, ordering_key, headers, payload, created_at, next_attempt_at) ",
+        );
+        q.push_values(rows, |mut b, r| {
+            b.push_bind(&r.id)
+                .push_bind(&r.topic)
+                .push_bind(&r.ordering_key)
+                .push_bind(&r.headers)
+                .push_bind(&r.payload)
+                .push(now_ms!())
+                .push(now_ms!());
+        });
+        q.push(" ON DUPLICATE KEY UPDATE id = id");
+        q.build().execute(&mut *conn).await?;
+        Ok(())
+    }
+
+    async fn claim<'a>(
+        pool: &'a MySqlPool,
+        token: &'a [u8],
+        limit: i64,
+        lease_ms: i64,
+    ) -> Result<Vec<Claimed>, sqlx::Error> {
+        let mut conn = pool.acquire().await?;
+        let mut tx = conn.begin().await?;
+        let candidates: Vec<i64> = sqlx::query_scalar(concat!(
+            "SELECT o.seq FROM idem_outbox o\n",
+            "WHERE o.state = 0 AND o.next_attempt_at <= ",
+            now_ms!(),
+            " AND (o.ordering_key IS NULL OR NOT EXISTS (\n",
+            "  SELECT 1 FROM idem_outbox p\n",
+            "  WHERE p.ordering_key = o.ordering_key AND p.state <> 1 AND p.seq < o.seq))\n",
+            "ORDER BY o.seq LIMIT ?"
+        ))
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await?;
+        if candidates.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Rechecked on the rows' latest versions: another relay may have
+        // claimed some since the plain read.
+        let mut q = QueryBuilder::<MySql>::new("SELECT seq FROM idem_outbox WHERE seq IN ");
+        push_seqs(&mut q, &candidates);
+        q.push(concat!(
+            " AND state = 0 AND next_attempt_at <= ",
+            now_ms!(),
+            " FOR UPDATE SKIP LOCKED"
+        ));
+        let locked: Vec<i64> = q.build_query_scalar().fetch_all(&mut *tx).await?;
+        if locked.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut q = QueryBuilder::<MySql>::new("UPDATE idem_outbox SET attempts = attempts + 1, claim_token = ");
+        q.push_bind(token);
+        q.push(concat!(", next_attempt_at = ", now_ms!(), " + "));
+        q.push_bind(lease_ms);
+        q.push(" WHERE seq IN ");
+        push_seqs(&mut q, &locked);
+        q.build().execute(&mut *tx).await?;
+        let mut q = QueryBuilder::<MySql>::new(
+            "SELECT seq, id, topic, ordering_key, headers, payload, attempts FROM idem_outbox WHERE seq IN ",
+        );
+        push_seqs(&mut q, &locked);
+        let rows = q.build().fetch_all(&mut *tx).await?;
+        tx.commit().await?;
+        rows.into_iter().map(claimed).collect()
+    }
+
+    async fn mark_sent<'a>(pool: &'a MySqlPool, token: &'a [u8], seqs: &'a [i64]) -> Result<u64, sqlx::Error> {
+        let mut q = QueryBuilder::<MySql>::new(concat!(
+            "UPDATE idem_outbox SET state = 1, sent_at = ",
+            now_ms!(),
+            ", claim_token = NULL, last_error = NULL WHERE seq IN "
+        ));
+        push_seqs(&mut q, seqs);
+        q.push(" AND state = 0 AND claim_token = ");
+        q.push_bind(token);
+        Ok(q.build().execute(pool).await?.rows_affected())
+    }
+
+    async fn mark_failed<'a>(
+        pool: &'a MySqlPool,
+        token: &'a [u8],
+        seq: i64,
+        reason: &'a str,
+        retry_in_ms: i64,
+        park: bool,
+    ) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(concat!(
+            "UPDATE idem_outbox SET state = IF(?, 2, 0), claim_token = NULL, last_error = ?,\n",
+            "  next_attempt_at = ",
+            now_ms!(),
+            " + ?\nWHERE seq = ? AND claim_token = ? AND state = 0"
+        ))
+        .bind(park)
+        .bind(reason)
+        .bind(retry_in_ms)
+        .bind(seq)
+        .bind(token)
+        .execute(pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn backlog(pool: &MySqlPool, with_sent: bool) -> Result<Vec<Backlog>, sqlx::Error> {
+        let rows = sqlx::query(concat!(
+            "SELECT topic,\n",
+            "  CAST(SUM(state = 0) AS SIGNED) AS pending,\n",
+            "  CAST(SUM(state = 2) AS SIGNED) AS parked,\n",
+            "  CAST(SUM(state = 1) AS SIGNED) AS sent,\n",
+            "  CAST(COALESCE(",
+            now_ms!(),
+            " - MIN(IF(state = 0, created_at, NULL)), 0) AS SIGNED) AS oldest\n",
+            "FROM idem_outbox WHERE state <> 1 OR ? GROUP BY topic ORDER BY topic"
+        ))
+        .bind(with_sent)
+        .fetch_all(pool)
+        .await?;
+        rows.into_iter()
+            .map(|r| {
+                Ok(Backlog {
+                    topic: r.try_get("topic")?,
+                    pending: r.try_get::<i64, _>("pending")?.max(0) as u64,
+                    parked: r.try_get::<i64, _>("parked")?.max(0) as u64,
+                    sent: r.try_get::<i64, _>("sent")?.max(0) as u64,
+                    oldest_pending_ms: r.try_get::<i64, _>("oldest")?.max(0) as u64,
+                })
+            })
+            .collect()
+    }
+
+    async fn list(pool: &MySqlPool, state: MessageState, limit: i64) -> Result<Vec<ListedMessage>, sqlx::Error> {
+        let rows = sqlx::query(
+            "SELECT seq, id, topic, ordering_key, CAST(state AS SIGNED) AS state, attempts, created_at,\n\
+               last_error, CAST(LENGTH(payload) AS SIGNED) AS size\n\
+             FROM idem_outbox WHERE state = ? ORDER BY seq LIMIT ?",
+        )
+        .bind(state.code())
+        .bind(limit)
+        .fetch_all(pool)
+        .await?;
+        rows.into_iter()
+            .map(|r| {
+                Ok(ListedMessage {
+                    seq: r.try_get("seq")?,
+                    id: r.try_get("id")?,
+                    topic: r.try_get("topic")?,
+                    ordering_key: r.try_get("ordering_key")?,
+                    state: MessageState::from_code(r.try_get::<i64, _>("state")?),
+                    attempts: r.try_get::<i32, _>("attempts")?.max(0) as u32,
+                    created_at: r.try_get("created_at")?,
+                    last_error: r.try_get("last_error")?,
+                    payload_bytes: r.try_get::<i64, _>("size")?.max(0) as u64,
+                })
+            })
+            .collect()
+    }
+
+    async fn retry<'a>(pool: &'a MySqlPool, id: &'a str) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(concat!(
+            "UPDATE idem_outbox SET state = 0, attempts = 0, claim_token = NULL, last_error = NULL,\n",
+            "  next_attempt_at = ",
+            now_ms!(),
+            "\nWHERE id = ? AND state <> 1"
+        ))
+        .bind(id)
+        .execute(pool)
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn purge(pool: &MySqlPool, older_than_ms: i64, limit: i64) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(concat!(
+            "DELETE FROM idem_outbox WHERE state = 1 AND sent_at < ",
+            now_ms!(),
+            " - ? ORDER BY sent_at LIMIT ?"
+        ))
+        .bind(older_than_ms)
+        .bind(limit)
+        .execute(pool)
+        .await?;
+        // Ordering keys with no message left: a writer that needs one again
+        // recreates it (and a writer holding one makes this wait, not fail).
+        sqlx::query(
+            "DELETE FROM idem_outbox_keys WHERE NOT EXISTS (\n\
+               SELECT 1 FROM idem_outbox o WHERE o.ordering_key = idem_outbox_keys.ordering_key)\n\
+             LIMIT ?",
+        )
+        .bind(limit)
+        .execute(pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn listen(_pool: &MySqlPool) -> Option<Box<dyn Wakeup>> {
+        None
+    }
+}

@@ -1,0 +1,270 @@
+//! The outbox's statements on PostgreSQL.
+
+use sqlx::postgres::{PgListener, PgRow};
+use sqlx::{PgConnection, PgPool, Postgres, QueryBuilder, Row};
+
+use super::dialect::{Backlog, Claimed, Dialect, ListedMessage, MessageState, NewRow, Wakeup};
+
+// The server's wall clock in milliseconds (`clock_timestamp()`: `now()` is
+// frozen at BEGIN and a long transaction would write stale times).
+macro_rules! now_ms {
+    () => {
+        "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+    };
+}
+
+/// The channel the table's trigger notifies on commit.
+const CHANNEL: &str = "idem_outbox";
+
+/// The advisory lock namespace of ordering keys (`hashtextextended`'s seed),
+/// so they never meet the application's own advisory locks by accident.
+const ORDERING_SEED: i64 = 0x6964_656d_6f62_786b; // "idemobxk"
+
+// "An earlier message of this key is not sent yet": a key's messages go out
+// one at a time, in seq order (which is commit order, see `insert`).
+macro_rules! first_of_key {
+    () => {
+        "(o.ordering_key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM idem_outbox p
+            WHERE p.ordering_key = o.ordering_key AND p.state <> 1 AND p.seq < o.seq))"
+    };
+}
+
+fn claimed(row: PgRow) -> Result<Claimed, sqlx::Error> {
+    Ok(Claimed {
+        seq: row.try_get("seq")?,
+        id: row.try_get("id")?,
+        topic: row.try_get("topic")?,
+        ordering_key: row.try_get("ordering_key")?,
+        headers: row.try_get("headers")?,
+        payload: row.try_get("payload")?,
+        attempts: i64::from(row.try_get::<i32, _>("attempts")?),
+    })
+}
+
+impl Dialect for Postgres {
+    const BACKEND: &'static str = "postgres";
+
+    /// One statement. A row with an ordering key first takes a transaction
+    /// advisory lock on the key (in the `LATERAL` join, before the row's `seq`
+    /// is drawn in the projection above it), so two transactions writing one
+    /// key take their `seq`s in commit order: the second waits for the first
+    /// to end. The rows are joined in key order, so two writers of the same
+    /// keys lock them in the same order.
+    async fn insert<'a>(conn: &'a mut PgConnection, rows: &'a [NewRow]) -> Result<(), sqlx::Error> {
+        let mut by_key: Vec<(usize, &NewRow)> = rows.iter().enumerate().collect();
+        by_key.sort_by(|a, b| a.1.ordering_key.cmp(&b.1.ordering_key));
+        let mut q = QueryBuilder::<Postgres>::new(concat!(
+            "INSERT INTO idem_outbox (id, topic, ordering_key, headers, payload, created_at, next_attempt_at)\n",
+            "SELECT v.id, v.topic, v.ordering_key, v.headers, v.payload, ",
+            now_ms!(),
+            ", ",
+            now_ms!(),
+            "\nFROM (VALUES "
+        ));
+        let mut values = q.separated(", ");
+        for (position, row) in by_key {
+            values.push("(");
+            values.push_bind_unseparated(position as i32);
+            values.push_unseparated("::int, ");
+            values.push_bind_unseparated(&row.id);
+            values.push_unseparated("::text, ");
+            values.push_bind_unseparated(&row.topic);
+            values.push_unseparated("::text, ");
+            values.push_bind_unseparated(&row.ordering_key);
+            values.push_unseparated("::text, ");
+            values.push_bind_unseparated(&row.headers);
+            values.push_unseparated("::text, ");
+            values.push_bind_unseparated(&row.payload);
+            values.push_unseparated("::bytea)");
+        }
+        q.push(
+            ") AS v (position, id, topic, ordering_key, headers, payload)\n\
+             LEFT JOIN LATERAL (SELECT pg_advisory_xact_lock(hashtextextended(v.ordering_key, ",
+        );
+        q.push_bind(ORDERING_SEED);
+        q.push(
+            ")) WHERE v.ordering_key IS NOT NULL) AS locked ON TRUE\n\
+             ORDER BY v.position\nON CONFLICT (id) DO NOTHING",
+        );
+        q.build().execute(conn).await?;
+        Ok(())
+    }
+
+    async fn claim<'a>(
+        pool: &'a PgPool,
+        token: &'a [u8],
+        limit: i64,
+        lease_ms: i64,
+    ) -> Result<Vec<Claimed>, sqlx::Error> {
+        let rows = sqlx::query(concat!(
+            "WITH clock AS (SELECT ",
+            now_ms!(),
+            " AS now),\n",
+            "picked AS (SELECT o.seq FROM idem_outbox o, clock\n",
+            "  WHERE o.state = 0 AND o.next_attempt_at <= clock.now AND ",
+            first_of_key!(),
+            "\n  ORDER BY o.seq LIMIT $1 FOR UPDATE OF o SKIP LOCKED)\n",
+            "UPDATE idem_outbox u SET attempts = u.attempts + 1, claim_token = $2,\n",
+            "  next_attempt_at = clock.now + $3\n",
+            "FROM picked, clock WHERE u.seq = picked.seq\n",
+            "RETURNING u.seq, u.id, u.topic, u.ordering_key, u.headers, u.payload, u.attempts"
+        ))
+        .bind(limit)
+        .bind(token)
+        .bind(lease_ms)
+        .fetch_all(pool)
+        .await?;
+        rows.into_iter().map(claimed).collect()
+    }
+
+    async fn mark_sent<'a>(pool: &'a PgPool, token: &'a [u8], seqs: &'a [i64]) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(concat!(
+            "UPDATE idem_outbox SET state = 1, sent_at = ",
+            now_ms!(),
+            ", claim_token = NULL, last_error = NULL\n",
+            "WHERE seq = ANY($1) AND claim_token = $2 AND state = 0"
+        ))
+        .bind(seqs)
+        .bind(token)
+        .execute(pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn mark_failed<'a>(
+        pool: &'a PgPool,
+        token: &'a [u8],
+        seq: i64,
+        reason: &'a str,
+        retry_in_ms: i64,
+        park: bool,
+    ) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(concat!(
+            "UPDATE idem_outbox SET state = CASE WHEN $4 THEN 2 ELSE 0 END, claim_token = NULL,\n",
+            "  last_error = $3, next_attempt_at = ",
+            now_ms!(),
+            " + $5\n",
+            "WHERE seq = $1 AND claim_token = $2 AND state = 0"
+        ))
+        .bind(seq)
+        .bind(token)
+        .bind(reason)
+        .bind(park)
+        .bind(retry_in_ms)
+        .execute(pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn backlog(pool: &PgPool, with_sent: bool) -> Result<Vec<Backlog>, sqlx::Error> {
+        let rows = sqlx::query(concat!(
+            "SELECT topic,\n",
+            "  count(*) FILTER (WHERE state = 0) AS pending,\n",
+            "  count(*) FILTER (WHERE state = 2) AS parked,\n",
+            "  count(*) FILTER (WHERE state = 1) AS sent,\n",
+            "  COALESCE(",
+            now_ms!(),
+            " - min(created_at) FILTER (WHERE state = 0), 0) AS oldest\n",
+            "FROM idem_outbox WHERE state <> 1 OR $1 GROUP BY topic ORDER BY topic"
+        ))
+        .bind(with_sent)
+        .fetch_all(pool)
+        .await?;
+        rows.into_iter()
+            .map(|r| {
+                Ok(Backlog {
+                    topic: r.try_get("topic")?,
+                    pending: r.try_get::<i64, _>("pending")? as u64,
+                    parked: r.try_get::<i64, _>("parked")? as u64,
+                    sent: r.try_get::<i64, _>("sent")? as u64,
+                    oldest_pending_ms: r.try_get::<i64, _>("oldest")?.max(0) as u64,
+                })
+            })
+            .collect()
+    }
+
+    async fn list(pool: &PgPool, state: MessageState, limit: i64) -> Result<Vec<ListedMessage>, sqlx::Error> {
+        let rows = sqlx::query(
+            "SELECT seq, id, topic, ordering_key, state, attempts, created_at, last_error,\n\
+               octet_length(payload)::bigint AS size\n\
+             FROM idem_outbox WHERE state = $1 ORDER BY seq LIMIT $2",
+        )
+        .bind(state.code())
+        .bind(limit)
+        .fetch_all(pool)
+        .await?;
+        rows.into_iter()
+            .map(|r| {
+                Ok(ListedMessage {
+                    seq: r.try_get("seq")?,
+                    id: r.try_get("id")?,
+                    topic: r.try_get("topic")?,
+                    ordering_key: r.try_get("ordering_key")?,
+                    state: MessageState::from_code(i64::from(r.try_get::<i16, _>("state")?)),
+                    attempts: r.try_get::<i32, _>("attempts")?.max(0) as u32,
+                    created_at: r.try_get("created_at")?,
+                    last_error: r.try_get("last_error")?,
+                    payload_bytes: r.try_get::<i64, _>("size")?.max(0) as u64,
+                })
+            })
+            .collect()
+    }
+
+    async fn retry<'a>(pool: &'a PgPool, id: &'a str) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(concat!(
+            "UPDATE idem_outbox SET state = 0, attempts = 0, claim_token = NULL, last_error = NULL,\n",
+            "  next_attempt_at = ",
+            now_ms!(),
+            "\nWHERE id = $1 AND state <> 1"
+        ))
+        .bind(id)
+        .execute(pool)
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn purge(pool: &PgPool, older_than_ms: i64, limit: i64) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(concat!(
+            "DELETE FROM idem_outbox WHERE seq IN (\n",
+            "  SELECT seq FROM idem_outbox WHERE state = 1 AND sent_at < ",
+            now_ms!(),
+            " - $1\n",
+            "  ORDER BY sent_at LIMIT $2 FOR UPDATE SKIP LOCKED)"
+        ))
+        .bind(older_than_ms)
+        .bind(limit)
+        .execute(pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn listen(pool: &PgPool) -> Option<Box<dyn Wakeup>> {
+        let mut listener = match PgListener::connect_with(pool).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "outbox relay: LISTEN unavailable, polling instead");
+                return None;
+            }
+        };
+        if let Err(e) = listener.listen(CHANNEL).await {
+            tracing::warn!(error = %e, "outbox relay: LISTEN failed, polling instead");
+            return None;
+        }
+        Some(Box::new(Listening(listener)))
+    }
+}
+
+struct Listening(PgListener);
+
+#[async_trait::async_trait]
+impl Wakeup for Listening {
+    async fn wait(&mut self) {
+        // An error (the connection dropped) is a reason to look now; PgListener
+        // reconnects and re-listens on the next call.
+        if let Err(e) = self.0.recv().await {
+            tracing::debug!(error = %e, "outbox relay: LISTEN connection lost");
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! Publishing to RabbitMQ with publisher confirms: every message sent, then
+//! every confirm awaited.
+
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{BasicProperties, Channel};
+
+use super::{Outgoing, Sink};
+use crate::consumer::BrokerError;
+
+/// Publishes each message persistent and `mandatory` (a message no queue
+/// takes comes back, and counts as a failure) with its id as the AMQP
+/// `message-id`, its headers as AMQP headers; confirmed by the broker's
+/// publisher confirm.
+///
+/// ```no_run
+/// # async fn go() -> Result<(), Box<dyn std::error::Error>> {
+/// let conn = idem_runtime::consumer::rabbitmq::connect("amqp://guest:guest@127.0.0.1:5672/%2f").await?;
+/// let sink = idem_runtime::outbox::sink::RabbitMqSink::new(conn.create_channel().await?).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RabbitMqSink {
+    channel: Channel,
+    exchange: String,
+}
+
+fn broker(e: lapin::Error) -> BrokerError {
+    BrokerError::new("rabbitmq", e)
+}
+
+impl RabbitMqSink {
+    /// On a channel of its own (put in confirm mode here), publishing to the
+    /// default exchange: the topic is the queue's name.
+    pub async fn new(channel: Channel) -> Result<RabbitMqSink, BrokerError> {
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(broker)?;
+        Ok(RabbitMqSink {
+            channel,
+            exchange: String::new(),
+        })
+    }
+
+    /// Publishes to `exchange` instead, the topic as the routing key.
+    pub fn exchange(mut self, exchange: impl Into<String>) -> RabbitMqSink {
+        self.exchange = exchange.into();
+        self
+    }
+}
+
+#[async_trait::async_trait]
+impl Sink for RabbitMqSink {
+    fn name(&self) -> &'static str {
+        "rabbitmq"
+    }
+
+    async fn publish(&self, batch: &[Outgoing]) -> Vec<Result<(), BrokerError>> {
+        let mut pending = Vec::with_capacity(batch.len());
+        for m in batch {
+            let mut headers = FieldTable::default();
+            for (name, value) in &m.headers {
+                headers.insert(
+                    name.as_str().into(),
+                    AMQPValue::LongString(value.as_str().into()),
+                );
+            }
+            let props = BasicProperties::default()
+                .with_delivery_mode(2)
+                .with_message_id(ShortString::from(m.id.as_str()))
+                .with_headers(headers);
+            let sent = self
+                .channel
+                .basic_publish(
+                    &self.exchange,
+                    &m.topic,
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    &m.payload,
+                    props,
+                )
+                .await;
+            pending.push(sent);
+        }
+        let mut out = Vec::with_capacity(batch.len());
+        for (m, sent) in batch.iter().zip(pending) {
+            out.push(match sent {
+                Err(e) => Err(broker(e)),
+                Ok(confirm) => match confirm.await {
+                    Err(e) => Err(broker(e)),
+                    Ok(c) if c.is_nack() => Err(BrokerError::new(
+                        "rabbitmq",
+                        format!("the broker refused the message for `{}`", m.topic),
+                    )),
+                    Ok(c) => match c.take_message() {
+                        Some(_) => Err(BrokerError::new(
+                            "rabbitmq",
+                            format!("no queue is bound for `{}` (the message came back)", m.topic),
+                        )),
+                        None => Ok(()),
+                    },
+                },
+            });
+        }
+        out
+    }
+}

@@ -1,0 +1,204 @@
+//! The outbox's statements on SQLite. One writer at a time: `seq` order is
+//! commit order without any lock of ours, and a claim is one `UPDATE`.
+
+use sqlx::sqlite::SqliteRow;
+use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
+
+use super::dialect::{Backlog, Claimed, Dialect, ListedMessage, MessageState, NewRow, Wakeup};
+
+macro_rules! now_ms {
+    () => {
+        "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
+    };
+}
+
+fn claimed(row: SqliteRow) -> Result<Claimed, sqlx::Error> {
+    Ok(Claimed {
+        seq: row.try_get("seq")?,
+        id: row.try_get("id")?,
+        topic: row.try_get("topic")?,
+        ordering_key: row.try_get("ordering_key")?,
+        headers: row.try_get("headers")?,
+        payload: row.try_get("payload")?,
+        attempts: row.try_get("attempts")?,
+    })
+}
+
+fn push_seqs(q: &mut QueryBuilder<'_, Sqlite>, seqs: &[i64]) {
+    q.push("(");
+    let mut list = q.separated(", ");
+    for s in seqs {
+        list.push_bind(*s);
+    }
+    q.push(")");
+}
+
+impl Dialect for Sqlite {
+    const BACKEND: &'static str = "sqlite";
+
+    async fn insert<'a>(conn: &'a mut SqliteConnection, rows: &'a [NewRow]) -> Result<(), sqlx::Error> {
+        let mut q = QueryBuilder::<Sqlite>::new(
+            "INSERT INTO idem_outbox (id, topic, ordering_key, headers, payload, created_at, next_attempt_at) ",
+        );
+        q.push_values(rows, |mut b, r| {
+            b.push_bind(&r.id)
+                .push_bind(&r.topic)
+                .push_bind(&r.ordering_key)
+                .push_bind(&r.headers)
+                .push_bind(&r.payload)
+                .push(now_ms!())
+                .push(now_ms!());
+        });
+        q.push(" ON CONFLICT (id) DO NOTHING");
+        q.build().execute(conn).await?;
+        Ok(())
+    }
+
+    async fn claim<'a>(
+        pool: &'a SqlitePool,
+        token: &'a [u8],
+        limit: i64,
+        lease_ms: i64,
+    ) -> Result<Vec<Claimed>, sqlx::Error> {
+        let rows = sqlx::query(concat!(
+            "UPDATE idem_outbox SET attempts = attempts + 1, claim_token = ?1,\n",
+            "  next_attempt_at = ",
+            now_ms!(),
+            " + ?2\n",
+            "WHERE seq IN (SELECT o.seq FROM idem_outbox o\n",
+            "  WHERE o.state = 0 AND o.next_attempt_at <= ",
+            now_ms!(),
+            "\n  AND (o.ordering_key IS NULL OR NOT EXISTS (\n",
+            "    SELECT 1 FROM idem_outbox p\n",
+            "    WHERE p.ordering_key = o.ordering_key AND p.state <> 1 AND p.seq < o.seq))\n",
+            "  ORDER BY o.seq LIMIT ?3)\n",
+            "RETURNING seq, id, topic, ordering_key, headers, payload, attempts"
+        ))
+        .bind(token)
+        .bind(lease_ms)
+        .bind(limit)
+        .fetch_all(pool)
+        .await?;
+        rows.into_iter().map(claimed).collect()
+    }
+
+    async fn mark_sent<'a>(pool: &'a SqlitePool, token: &'a [u8], seqs: &'a [i64]) -> Result<u64, sqlx::Error> {
+        let mut q = QueryBuilder::<Sqlite>::new(concat!(
+            "UPDATE idem_outbox SET state = 1, sent_at = ",
+            now_ms!(),
+            ", claim_token = NULL, last_error = NULL WHERE seq IN "
+        ));
+        push_seqs(&mut q, seqs);
+        q.push(" AND state = 0 AND claim_token = ");
+        q.push_bind(token);
+        Ok(q.build().execute(pool).await?.rows_affected())
+    }
+
+    async fn mark_failed<'a>(
+        pool: &'a SqlitePool,
+        token: &'a [u8],
+        seq: i64,
+        reason: &'a str,
+        retry_in_ms: i64,
+        park: bool,
+    ) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(concat!(
+            "UPDATE idem_outbox SET state = CASE WHEN ?1 THEN 2 ELSE 0 END, claim_token = NULL,\n",
+            "  last_error = ?2, next_attempt_at = ",
+            now_ms!(),
+            " + ?3\nWHERE seq = ?4 AND claim_token = ?5 AND state = 0"
+        ))
+        .bind(park)
+        .bind(reason)
+        .bind(retry_in_ms)
+        .bind(seq)
+        .bind(token)
+        .execute(pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn backlog(pool: &SqlitePool, with_sent: bool) -> Result<Vec<Backlog>, sqlx::Error> {
+        let rows = sqlx::query(concat!(
+            "SELECT topic,\n",
+            "  SUM(state = 0) AS pending, SUM(state = 2) AS parked, SUM(state = 1) AS sent,\n",
+            "  COALESCE(",
+            now_ms!(),
+            " - MIN(CASE WHEN state = 0 THEN created_at END), 0) AS oldest\n",
+            "FROM idem_outbox WHERE state <> 1 OR ?1 GROUP BY topic ORDER BY topic"
+        ))
+        .bind(with_sent)
+        .fetch_all(pool)
+        .await?;
+        rows.into_iter()
+            .map(|r| {
+                Ok(Backlog {
+                    topic: r.try_get("topic")?,
+                    pending: r.try_get::<i64, _>("pending")?.max(0) as u64,
+                    parked: r.try_get::<i64, _>("parked")?.max(0) as u64,
+                    sent: r.try_get::<i64, _>("sent")?.max(0) as u64,
+                    oldest_pending_ms: r.try_get::<i64, _>("oldest")?.max(0) as u64,
+                })
+            })
+            .collect()
+    }
+
+    async fn list(pool: &SqlitePool, state: MessageState, limit: i64) -> Result<Vec<ListedMessage>, sqlx::Error> {
+        let rows = sqlx::query(
+            "SELECT seq, id, topic, ordering_key, state, attempts, created_at, last_error,\n\
+               length(payload) AS size\n\
+             FROM idem_outbox WHERE state = ?1 ORDER BY seq LIMIT ?2",
+        )
+        .bind(state.code())
+        .bind(limit)
+        .fetch_all(pool)
+        .await?;
+        rows.into_iter()
+            .map(|r| {
+                Ok(ListedMessage {
+                    seq: r.try_get("seq")?,
+                    id: r.try_get("id")?,
+                    topic: r.try_get("topic")?,
+                    ordering_key: r.try_get("ordering_key")?,
+                    state: MessageState::from_code(r.try_get("state")?),
+                    attempts: r.try_get::<i64, _>("attempts")?.max(0) as u32,
+                    created_at: r.try_get("created_at")?,
+                    last_error: r.try_get("last_error")?,
+                    payload_bytes: r.try_get::<i64, _>("size")?.max(0) as u64,
+                })
+            })
+            .collect()
+    }
+
+    async fn retry<'a>(pool: &'a SqlitePool, id: &'a str) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(concat!(
+            "UPDATE idem_outbox SET state = 0, attempts = 0, claim_token = NULL, last_error = NULL,\n",
+            "  next_attempt_at = ",
+            now_ms!(),
+            "\nWHERE id = ?1 AND state <> 1"
+        ))
+        .bind(id)
+        .execute(pool)
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn purge(pool: &SqlitePool, older_than_ms: i64, limit: i64) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(concat!(
+            "DELETE FROM idem_outbox WHERE seq IN (\n",
+            "  SELECT seq FROM idem_outbox WHERE state = 1 AND sent_at < ",
+            now_ms!(),
+            " - ?1\n",
+            "  ORDER BY sent_at LIMIT ?2)"
+        ))
+        .bind(older_than_ms)
+        .bind(limit)
+        .execute(pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn listen(_pool: &SqlitePool) -> Option<Box<dyn Wakeup>> {
+        None
+    }
+}
