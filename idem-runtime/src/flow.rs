@@ -49,6 +49,10 @@ pub(crate) struct FlowContext {
     gave_up: Mutex<Option<Option<Vec<u8>>>>,
     /// Outbox messages written in this run so far: a message's position, from
     /// which its id derives (a retry writes them again in the same order).
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+        allow(dead_code)
+    )]
     outbox_written: AtomicU64,
 }
 
@@ -323,6 +327,10 @@ pub fn current_key() -> Option<Key> {
 /// The key of the call (or step) running on this task and the position of
 /// the next outbox message it writes, counted per run: a step's messages
 /// count under the step's key, so replaying a step shifts no later position.
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+    allow(dead_code)
+)]
 pub(crate) fn next_outbox_position() -> Option<(Key, u64)> {
     FLOW.try_with(|f| (f.key, f.outbox_written.fetch_add(1, Ordering::Relaxed)))
         .ok()

@@ -42,7 +42,13 @@ async fn migrating_twice_and_from_several_stores_at_once_is_harmless() {
     .fetch_all(&schema.admin)
     .await
     .unwrap();
-    assert_eq!(ledger, vec![(1, "create idem_records".to_owned())]);
+    assert_eq!(
+        ledger,
+        vec![
+            (1, "create idem_records".to_owned()),
+            (2, "create idem_outbox".to_owned())
+        ]
+    );
     let indexed: bool = sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM pg_indexes WHERE schemaname = $1 AND indexname = 'idem_records_expires_at')",
     )

@@ -48,8 +48,14 @@ impl Dialect for MySql {
     /// until the transaction ends, so a key's messages take their `seq` in
     /// commit order (the keys in sorted order, so two writers of the same keys
     /// lock them in the same order).
-    async fn insert<'a>(conn: &'a mut MySqlConnection, rows: &'a [NewRow]) -> Result<(), sqlx::Error> {
-        let mut keys: Vec<&str> = rows.iter().filter_map(|r| r.ordering_key.as_deref()).collect();
+    async fn insert<'a>(
+        conn: &'a mut MySqlConnection,
+        rows: &'a [NewRow],
+    ) -> Result<(), sqlx::Error> {
+        let mut keys: Vec<&str> = rows
+            .iter()
+            .filter_map(|r| r.ordering_key.as_deref())
+            .collect();
         keys.sort_unstable();
         keys.dedup();
         if !keys.is_empty() {
@@ -94,7 +100,10 @@ impl Dialect for MySql {
             "  WHERE p.ordering_key = o.ordering_key AND p.state <> 1 AND p.seq < o.seq))\n",
             "ORDER BY o.seq LIMIT ?"
         ))
-        .bind(limit)
+        // More than a batch: the first rows are often another relay's batch
+        // being claimed right now (still due in this read), which the
+        // locking read below skips.
+        .bind(limit.saturating_mul(4))
         .fetch_all(&mut *tx)
         .await?;
         if candidates.is_empty() {
@@ -107,13 +116,17 @@ impl Dialect for MySql {
         q.push(concat!(
             " AND state = 0 AND next_attempt_at <= ",
             now_ms!(),
-            " FOR UPDATE SKIP LOCKED"
+            " ORDER BY seq LIMIT "
         ));
+        q.push_bind(limit);
+        q.push(" FOR UPDATE SKIP LOCKED");
         let locked: Vec<i64> = q.build_query_scalar().fetch_all(&mut *tx).await?;
         if locked.is_empty() {
             return Ok(Vec::new());
         }
-        let mut q = QueryBuilder::<MySql>::new("UPDATE idem_outbox SET attempts = attempts + 1, claim_token = ");
+        let mut q = QueryBuilder::<MySql>::new(
+            "UPDATE idem_outbox SET attempts = attempts + 1, claim_token = ",
+        );
         q.push_bind(token);
         q.push(concat!(", next_attempt_at = ", now_ms!(), " + "));
         q.push_bind(lease_ms);
@@ -129,7 +142,11 @@ impl Dialect for MySql {
         rows.into_iter().map(claimed).collect()
     }
 
-    async fn mark_sent<'a>(pool: &'a MySqlPool, token: &'a [u8], seqs: &'a [i64]) -> Result<u64, sqlx::Error> {
+    async fn mark_sent<'a>(
+        pool: &'a MySqlPool,
+        token: &'a [u8],
+        seqs: &'a [i64],
+    ) -> Result<u64, sqlx::Error> {
         let mut q = QueryBuilder::<MySql>::new(concat!(
             "UPDATE idem_outbox SET state = 1, sent_at = ",
             now_ms!(),
@@ -192,7 +209,11 @@ impl Dialect for MySql {
             .collect()
     }
 
-    async fn list(pool: &MySqlPool, state: MessageState, limit: i64) -> Result<Vec<ListedMessage>, sqlx::Error> {
+    async fn list(
+        pool: &MySqlPool,
+        state: MessageState,
+        limit: i64,
+    ) -> Result<Vec<ListedMessage>, sqlx::Error> {
         let rows = sqlx::query(
             "SELECT seq, id, topic, ordering_key, CAST(state AS SIGNED) AS state, attempts, created_at,\n\
                last_error, CAST(LENGTH(payload) AS SIGNED) AS size\n\

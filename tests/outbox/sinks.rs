@@ -1,0 +1,296 @@
+//! Each broker's sink, end to end on PostgreSQL: the relay publishes, the id
+//! travels with the message, a consumer keyed on it (`Envelope`) applies a
+//! re-published message once.
+
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, stream};
+use idem_runtime::consumer::jetstream::JetStreamSource;
+use idem_runtime::consumer::rabbitmq::{self, RabbitMqSource};
+use idem_runtime::consumer::redis_streams::RedisStreamsSource;
+use idem_runtime::consumer::{Acked, Action, Envelope, Runner, Source};
+use idem_runtime::idempotent;
+use idem_runtime::outbox::sink::{JetStreamSink, RabbitMqSink, RedisStreamsSink, Sink};
+use idem_runtime::outbox::{self, Message, Relay};
+use idem_tests::services;
+use redis::AsyncCommands;
+use sqlx::PgPool;
+
+use super::{postgres, tag};
+
+/// Applications per message id (ids are unique per test).
+pub static APPLIED: LazyLock<Mutex<HashMap<String, u32>>> = LazyLock::new(Mutex::default);
+
+#[idempotent(consumer, key = "m.id", scope = "tests.outbox.apply", event = "APPLY")]
+pub async fn apply(m: Envelope<serde_json::Value>) -> Result<(), idem_runtime::Error> {
+    assert!(m.body.is_object());
+    *APPLIED.lock().unwrap().entry(m.id.to_string()).or_default() += 1;
+    Ok(())
+}
+
+pub fn applied(id: &str) -> u32 {
+    APPLIED.lock().unwrap().get(id).copied().unwrap_or(0)
+}
+
+pub fn runner() -> Runner {
+    super::scenarios::install_memory_store();
+    Runner::new("tests.outbox.apply", "APPLY")
+}
+
+/// Processes `n` deliveries from `source`.
+pub async fn consume<S: Source>(source: &mut S, n: usize) -> Vec<Action> {
+    let runner = runner();
+    let mut actions = Vec::new();
+    while actions.len() < n {
+        let delivery = tokio::time::timeout(Duration::from_secs(20), source.next())
+            .await
+            .expect("a delivery within 20 s")
+            .expect("the broker");
+        actions.push(runner.process(delivery, &apply).await.expect("the broker"));
+    }
+    actions
+}
+
+async fn write(pool: &PgPool, topic: &str, ids: &[String]) {
+    let mut tx = pool.begin().await.unwrap();
+    outbox::put_all(
+        &mut tx,
+        ids.iter().map(|id| {
+            Message::json(topic, &serde_json::json!({ "id": id }))
+                .unwrap()
+                .id(id.as_str())
+                .header("tenant", "acme")
+        }),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+}
+
+/// As if a relay died after the broker took the message and before it was
+/// marked sent: the next relay publishes it again.
+async fn unmark(pool: &PgPool, id: &str) {
+    sqlx::query("UPDATE idem_outbox SET state = 0, next_attempt_at = 0 WHERE id = $1")
+        .bind(id)
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+async fn relay_all(pool: &PgPool, sink: impl Sink + 'static, n: usize) {
+    let relay = Relay::builder(pool.clone(), sink).build();
+    let round = relay.run_once().await.unwrap();
+    assert_eq!(round.published, n, "{round:?}");
+}
+
+fn dedup_count(actions: &[Action]) -> (usize, usize) {
+    let processed = actions
+        .iter()
+        .filter(|a| **a == Action::Acked(Acked::Processed))
+        .count();
+    let dedup = actions
+        .iter()
+        .filter(|a| **a == Action::Acked(Acked::Deduplicated))
+        .count();
+    (processed, dedup)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_streams_carry_the_id_and_a_republished_message_is_applied_once() {
+    let Some(db) = postgres().await else { return };
+    let url = services::redis_url();
+    let Some(client) = services::reachable("Redis", &url, redis::Client::open(url.as_str())) else {
+        return;
+    };
+    let stream = format!("idem-test-outbox-{}", tag());
+    let ids: Vec<String> = (0..3).map(|i| format!("{stream}-{i}")).collect();
+    write(&db.pool, &stream, &ids).await;
+    relay_all(
+        &db.pool,
+        RedisStreamsSink::connect(&client).await.unwrap(),
+        3,
+    )
+    .await;
+    unmark(&db.pool, &ids[0]).await;
+    relay_all(
+        &db.pool,
+        RedisStreamsSink::connect(&client).await.unwrap(),
+        1,
+    )
+    .await;
+
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let entries: redis::streams::StreamRangeReply = conn.xrange_all(&stream).await.unwrap();
+    assert_eq!(entries.ids.len(), 4, "three messages, one published twice");
+    assert_eq!(
+        entries.ids[0].get::<String>("message-id").as_deref(),
+        Some(ids[0].as_str())
+    );
+    assert_eq!(
+        entries.ids[0].get::<String>("h:tenant").as_deref(),
+        Some("acme")
+    );
+
+    let mut source = RedisStreamsSource::builder(&stream, "apply", "c1")
+        .block(Duration::from_millis(200))
+        .connect(&client)
+        .await
+        .unwrap();
+    let actions = consume(&mut source, 4).await;
+    assert_eq!(dedup_count(&actions), (3, 1), "{actions:?}");
+    assert!(ids.iter().all(|id| applied(id) == 1));
+    let _: () = conn.del(&stream).await.unwrap();
+    db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_relays_into_redis_publish_each_message_once_on_the_broker() {
+    let Some(db) = postgres().await else { return };
+    let url = services::redis_url();
+    let Some(client) = services::reachable("Redis", &url, redis::Client::open(url.as_str())) else {
+        return;
+    };
+    let stream = format!("idem-test-outbox-{}", tag());
+    let ids: Vec<String> = (0..300).map(|i| format!("{stream}-{i}")).collect();
+    for chunk in ids.chunks(100) {
+        write(&db.pool, &stream, chunk).await;
+    }
+    let relays: Vec<_> = (0..2)
+        .map(|_| {
+            let (pool, client) = (db.pool.clone(), client.clone());
+            tokio::spawn(async move {
+                let sink = RedisStreamsSink::connect(&client).await.unwrap();
+                let relay = Relay::builder(pool.clone(), sink).batch(20).build();
+                while outbox::backlog(&pool, false)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .any(|b| b.pending > 0)
+                {
+                    if relay.run_once().await.unwrap().claimed == 0 {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+                relay.stats().published
+            })
+        })
+        .collect();
+    for r in relays {
+        assert!(r.await.unwrap() > 0, "both relays took part");
+    }
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let entries: redis::streams::StreamRangeReply = conn.xrange_all(&stream).await.unwrap();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for e in &entries.ids {
+        *seen
+            .entry(e.get::<String>("message-id").unwrap())
+            .or_default() += 1;
+    }
+    assert_eq!(seen.len(), 300);
+    assert!(
+        seen.values().all(|&n| n == 1),
+        "each message once on the broker"
+    );
+    let _: () = conn.del(&stream).await.unwrap();
+    db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jetstream_drops_a_republish_by_nats_msg_id() {
+    let Some(db) = postgres().await else { return };
+    let url = services::nats_url();
+    let Some(client) = services::reachable("NATS", &url, async_nats::connect(url.as_str()).await)
+    else {
+        return;
+    };
+    let js = jetstream::new(client);
+    let name = format!("IDEM_OUTBOX_{}", tag().to_uppercase());
+    let subject = format!("idem-outbox.{name}");
+    for (stream, subject) in [
+        (name.clone(), subject.clone()),
+        (format!("{name}_PARKED"), format!("{subject}.parked")),
+    ] {
+        js.create_stream(stream::Config {
+            name: stream,
+            subjects: vec![subject],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    let ids: Vec<String> = (0..3).map(|i| format!("{name}-{i}")).collect();
+    write(&db.pool, &subject, &ids).await;
+    relay_all(&db.pool, JetStreamSink::new(js.clone()), 3).await;
+    unmark(&db.pool, &ids[1]).await;
+    relay_all(&db.pool, JetStreamSink::new(js.clone()), 1).await;
+    let mut stream = js.get_stream(&name).await.unwrap();
+    assert_eq!(
+        stream.info().await.unwrap().state.messages,
+        3,
+        "the server dropped the re-publish inside its duplicate window"
+    );
+
+    let mut source = JetStreamSource::builder(&name, "apply", &format!("{subject}.parked"))
+        .connect(&js)
+        .await
+        .unwrap();
+    let actions = consume(&mut source, 3).await;
+    assert_eq!(dedup_count(&actions), (3, 0), "{actions:?}");
+    assert!(ids.iter().all(|id| applied(id) == 1));
+    let _ = js.delete_stream(&name).await;
+    let _ = js.delete_stream(format!("{name}_PARKED")).await;
+    db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rabbitmq_carries_the_id_and_an_unroutable_message_is_not_marked_sent() {
+    let Some(db) = postgres().await else { return };
+    let url = services::rabbitmq_url();
+    let Some(conn) = services::reachable("RabbitMQ", &url, rabbitmq::connect(&url).await) else {
+        return;
+    };
+    let queue = format!("idem-test-outbox-{}", tag());
+    // A message published before its queue exists would come back unroutable.
+    RabbitMqSource::declare(&conn.create_channel().await.unwrap(), &queue)
+        .await
+        .unwrap();
+    let mut source = RabbitMqSource::builder(&queue, "c1")
+        .connect(conn.create_channel().await.unwrap())
+        .await
+        .unwrap();
+    let ids: Vec<String> = (0..3).map(|i| format!("{queue}-{i}")).collect();
+    write(&db.pool, &queue, &ids).await;
+    let sink = RabbitMqSink::new(conn.create_channel().await.unwrap())
+        .await
+        .unwrap();
+    relay_all(&db.pool, sink.clone(), 3).await;
+    unmark(&db.pool, &ids[2]).await;
+    relay_all(&db.pool, sink.clone(), 1).await;
+    let actions = consume(&mut source, 4).await;
+    assert_eq!(dedup_count(&actions), (3, 1), "{actions:?}");
+    assert!(ids.iter().all(|id| applied(id) == 1));
+
+    // No queue for this routing key: the broker returns it, the relay keeps it.
+    let nowhere = format!("idem-test-outbox-nowhere-{}", tag());
+    write(&db.pool, &nowhere, &[format!("{nowhere}-0")]).await;
+    let relay = Relay::builder(db.pool.clone(), sink).build();
+    let round = relay.run_once().await.unwrap();
+    assert_eq!((round.published, round.failed), (0, 1));
+    let pending = outbox::list(&db.pool, outbox::MessageState::Pending, 10)
+        .await
+        .unwrap();
+    let reason = pending[0].last_error.as_deref().unwrap_or_default();
+    assert!(reason.contains("no queue is bound"), "{reason}");
+    let channel = conn.create_channel().await.unwrap();
+    for q in [
+        queue.clone(),
+        format!("{queue}.retry"),
+        format!("{queue}.parked"),
+        format!("{queue}.dlx"),
+    ] {
+        let _ = channel.queue_delete(&q, Default::default()).await;
+    }
+    db.drop().await;
+}
