@@ -4,11 +4,17 @@
 //! idem --store idem.db inspect --scope orders.create --part u64:734211 --part str:A-1
 //! idem --store postgres://ops@db/orders --json stats
 //! idem schema --dialect postgres > idem.sql
+//! idem --store postgres://ops@db/orders outbox stats
+//! idem --store postgres://ops@db/orders outbox list --state parked
+//! idem --store postgres://ops@db/orders outbox retry order-7-created
+//! idem --store orders.db outbox relay --to redis://127.0.0.1:6379
 //! ```
 //!
-//! Exit status: 0 done, 1 an error (a bad store URL, an unreachable store, a
-//! bad part or key secret), 2 a usage error, 3 no record under that key.
+//! Exit status: 0 done, 1 an error (a bad store or broker URL, an unreachable
+//! store, a bad part or key secret), 2 a usage error, 3 no record under that
+//! key (`outbox retry`: no unsent message with that id).
 
+mod outbox;
 mod parts;
 mod store;
 
@@ -20,7 +26,8 @@ use idem_runtime::store::{RecordInfo, RecordState, RecordStats, StoredOutcome};
 use idem_runtime::{Key, KeySecret};
 use serde_json::{Value, json};
 
-/// Inspect, evict, purge and count idem's records; print its schema.
+/// Inspect, evict, purge and count idem's records; print its schema; watch,
+/// retry and relay its outbox.
 #[derive(Debug, Parser)]
 #[command(name = "idem", version, about, after_help = AFTER_HELP)]
 struct Cli {
@@ -57,7 +64,9 @@ attribute's `key = \"…\"`, with the Rust type of each field: the hash covers t
 type, so str:42 and u64:42 are different keys. Types: u8 u16 u32 u64 u128 usize
 i8 i16 i32 i64 i128 isize bool char str bytes(hex) none some:TYPE:VALUE.
 A consumer's key has the event type first: --part str:SETTLE --part u64:…
-Exit status: 0 done, 1 error, 2 usage, 3 no record under that key.";
+`idem outbox --help`: the transactional outbox's commands.
+Exit status: 0 done, 1 error, 2 usage, 3 no record under that key (or, for
+`outbox retry`, no unsent message with that id).";
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -96,6 +105,10 @@ enum Command {
     },
     /// Print the hash of a key (no store needed).
     Key(KeyArgs),
+    /// The transactional outbox (a SQL store's idem_outbox table): count,
+    /// list, retry and purge its messages, or relay them to a broker.
+    #[command(subcommand, after_help = outbox::AFTER_HELP)]
+    Outbox(outbox::OutboxCommand),
 }
 
 #[derive(Debug, Args)]
@@ -324,6 +337,7 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
             print_stats(cli, &s);
             Ok(())
         }
+        Command::Outbox(cmd) => outbox::run(cli, cmd).await,
     }
 }
 
@@ -344,17 +358,21 @@ fn now_millis() -> i64 {
 /// keeps the server's: small skews show here).
 fn relative(at: i64) -> String {
     let delta = at - now_millis();
-    let s = delta.unsigned_abs() / 1000;
-    let text = match s {
-        0..60 => format!("{s}s"),
-        60..3600 => format!("{}m {}s", s / 60, s % 60),
-        3600..86400 => format!("{}h {}m", s / 3600, (s % 3600) / 60),
-        _ => format!("{}d {}h", s / 86400, (s % 86400) / 3600),
-    };
+    let text = span(delta.unsigned_abs() / 1000);
     if delta >= 0 {
         format!("in {text}")
     } else {
         format!("{text} ago")
+    }
+}
+
+/// `4m 2s`: a span of seconds, to its two largest units.
+fn span(s: u64) -> String {
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m {}s", s / 60, s % 60),
+        3600..86400 => format!("{}h {}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d {}h", s / 86400, (s % 86400) / 3600),
     }
 }
 

@@ -1,4 +1,5 @@
-//! Opening the store `--store` names, without running any DDL.
+//! Opening the store `--store` names (or, for the outbox, its database),
+//! without running any DDL.
 
 use std::path::Path;
 use std::time::Duration;
@@ -70,12 +71,7 @@ pub fn dialect_of(url: &str) -> Result<&'static str, Failure> {
 pub async fn open(url: &str, redis_prefix: &str) -> Result<StoreRef, Failure> {
     Ok(match kind(url)? {
         Kind::Sqlite(path) => {
-            if path.is_empty() || !Path::new(path).is_file() {
-                return Err(Failure::Error(format!(
-                    "no SQLite database at {} (the path is a file the service opened with SqliteStore::open)",
-                    shown_path(path)
-                )));
-            }
+            check_sqlite_file(path)?;
             StoreRef::new(SqliteStore::builder().skip_migrations().open(path).await?)
         }
         Kind::Postgres => StoreRef::new(
@@ -86,20 +82,14 @@ pub async fn open(url: &str, redis_prefix: &str) -> Result<StoreRef, Failure> {
                 .connect(url)
                 .await?,
         ),
-        Kind::MySql => {
-            let url = match url.split_once("://") {
-                Some((s, rest)) if s.eq_ignore_ascii_case("mariadb") => format!("mysql://{rest}"),
-                _ => url.to_owned(),
-            };
-            StoreRef::new(
-                MySqlStore::builder()
-                    .skip_migrations()
-                    .max_connections(2)
-                    .acquire_timeout(Duration::from_secs(3))
-                    .connect(&url)
-                    .await?,
-            )
-        }
+        Kind::MySql => StoreRef::new(
+            MySqlStore::builder()
+                .skip_migrations()
+                .max_connections(2)
+                .acquire_timeout(Duration::from_secs(3))
+                .connect(&mysql_url(url))
+                .await?,
+        ),
         Kind::Redis => StoreRef::new(
             RedisStore::builder()
                 .key_prefix(redis_prefix)
@@ -107,6 +97,66 @@ pub async fn open(url: &str, redis_prefix: &str) -> Result<StoreRef, Failure> {
                 .await?,
         ),
     })
+}
+
+/// The pool of a SQL store's database, for the outbox (its table lives there).
+pub enum SqlPool {
+    Sqlite(sqlx::SqlitePool),
+    Postgres(sqlx::PgPool),
+    MySql(sqlx::MySqlPool),
+}
+
+/// Opens the database of a SQL store the way [`open`] does (no DDL), with up
+/// to `connections` connections to a server.
+pub async fn open_sql(url: &str, connections: u32) -> Result<SqlPool, Failure> {
+    Ok(match kind(url)? {
+        Kind::Sqlite(path) => {
+            check_sqlite_file(path)?;
+            let store = SqliteStore::builder().skip_migrations().open(path).await?;
+            SqlPool::Sqlite(store.pool().clone())
+        }
+        Kind::Postgres => {
+            let store = PgStore::builder()
+                .skip_migrations()
+                .max_connections(connections)
+                .acquire_timeout(Duration::from_secs(3))
+                .connect(url)
+                .await?;
+            SqlPool::Postgres(store.pool().clone())
+        }
+        Kind::MySql => {
+            let store = MySqlStore::builder()
+                .skip_migrations()
+                .max_connections(connections)
+                .acquire_timeout(Duration::from_secs(3))
+                .connect(&mysql_url(url))
+                .await?;
+            SqlPool::MySql(store.pool().clone())
+        }
+        Kind::Redis => {
+            return Err(Failure::Error(
+                "the outbox lives in a SQL database (the one the service writes its messages in): pass --store a SQLite path or a postgres:// or mysql:// URL, not redis://".into(),
+            ));
+        }
+    })
+}
+
+fn check_sqlite_file(path: &str) -> Result<(), Failure> {
+    if path.is_empty() || !Path::new(path).is_file() {
+        return Err(Failure::Error(format!(
+            "no SQLite database at {} (the path is a file the service opened with SqliteStore::open)",
+            shown_path(path)
+        )));
+    }
+    Ok(())
+}
+
+/// sqlx knows MariaDB as `mysql://` only.
+fn mysql_url(url: &str) -> String {
+    match url.split_once("://") {
+        Some((s, rest)) if s.eq_ignore_ascii_case("mariadb") => format!("mysql://{rest}"),
+        _ => url.to_owned(),
+    }
 }
 
 /// A path as an error may quote it: what looks like credentials (anything

@@ -1,6 +1,7 @@
 //! The `idem` binary, run as an operator runs it: against SQLite files, a
 //! PostgreSQL private schema, a MySQL private database and Redis under a
-//! private key prefix, with records written through the `Store` API. Server
+//! private key prefix, with records written through the `Store` API (and
+//! outbox messages through `outbox::put_all` and a `Relay`). Server
 //! cases skip loudly when a server is unreachable (fail with
 //! `IDEM_REQUIRE_SERVICES=1`).
 
@@ -8,6 +9,8 @@ use std::process::{Command, Output};
 use std::str::FromStr;
 use std::time::Duration;
 
+use idem_runtime::outbox::sink::MemorySink;
+use idem_runtime::outbox::{self, Message, OutboxDatabase, Relay};
 use idem_runtime::store::StoreRef;
 use idem_runtime::store::redis::RedisStore;
 use idem_runtime::store::sql::{MySqlStore, PgStore, SqliteStore};
@@ -392,7 +395,10 @@ async fn sqlite_schema_applied_by_hand() {
         .fetch_one(&pool)
         .await
         .unwrap();
-    assert_eq!(n, 1);
+    // The records table and the outbox's: `schema` prints every migration,
+    // and the store re-applied none of them.
+    assert_eq!(n, 2);
+    assert!(sql.contains("idem_outbox"), "{sql}");
     // `schema` follows --store's dialect; Redis has none.
     let o = idem(&["--store", "postgres://h/x", "schema"], &[]);
     assert!(stdout(&o).contains("BYTEA"));
@@ -450,8 +456,7 @@ async fn postgres_private_schema() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn mysql_private_database() {
-    let base = std::env::var("IDEM_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+    let base = mysql_base();
     let Some(admin) = skip("MySQL", sqlx::MySqlPool::connect(&base).await) else {
         return;
     };
@@ -478,7 +483,7 @@ async fn mysql_private_database() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn redis_private_prefix() {
-    let url = std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let url = redis_url();
     let prefix = format!("idem-cli:{}:", random_hex());
     let Some(store) = skip(
         "Redis",
@@ -512,4 +517,404 @@ async fn redis_private_prefix() {
     // Clean up the PROCESSING record.
     let running = Key::builder("orders.create").part(&1u64).part("B").finish();
     store.evict(&running).await.unwrap();
+}
+
+// ---- idem outbox ----
+
+fn mysql_base() -> String {
+    std::env::var("IDEM_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+}
+
+fn redis_url() -> String {
+    std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// A SQLite file migrated by its store, so the outbox table exists.
+async fn migrated_sqlite() -> (std::path::PathBuf, String, sqlx::SqlitePool) {
+    let dir = std::env::temp_dir().join(format!("idem-cli-outbox-{}", random_hex()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("idem.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let url = path.to_str().unwrap().to_owned();
+    (dir, url, store.pool().clone())
+}
+
+async fn write<DB: OutboxDatabase>(pool: &sqlx::Pool<DB>, messages: Vec<Message>) {
+    let mut tx = pool.begin().await.unwrap();
+    outbox::put_all(&mut tx, messages).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
+/// The same outbox on every SQL store: on `orders.created` two messages sent,
+/// one parked (its broker was down, one attempt allowed) and one pending with
+/// an ordering key; on `stock.reserved` one pending.
+async fn outbox_fixture<DB: OutboxDatabase>(pool: &sqlx::Pool<DB>) {
+    let json = |id: &str, topic: &str| Message::bytes(topic, br#"{"n":1}"#.to_vec()).id(id);
+    write(
+        pool,
+        vec![
+            json("m-sent-1", "orders.created"),
+            json("m-sent-2", "orders.created"),
+        ],
+    )
+    .await;
+    let (up, mut rx) = MemorySink::channel(16);
+    let round = Relay::builder(pool.clone(), up)
+        .build()
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!(round.published, 2, "{round:?}");
+    assert_eq!(rx.recv().await.unwrap().id.as_str(), "m-sent-1");
+
+    write(pool, vec![json("m-park", "orders.created")]).await;
+    let (down, _rx) = MemorySink::channel(16);
+    down.set_down(true);
+    let round = Relay::builder(pool.clone(), down)
+        .max_attempts(1)
+        .build()
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!(round.parked, 1, "{round:?}");
+
+    write(
+        pool,
+        vec![
+            json("m-pend-1", "stock.reserved"),
+            json("m-pend-2", "orders.created").ordering_key("order-7"),
+        ],
+    )
+    .await;
+}
+
+/// Every outbox command on one database.
+fn operate_outbox(store_url: &str) {
+    let run = |args: &[&str]| {
+        let mut v = vec!["--store", store_url];
+        v.extend_from_slice(args);
+        idem(&v, &[])
+    };
+    let counts = |s: &Value| (s["pending"].clone(), s["parked"].clone(), s["sent"].clone());
+    let n = |pending: u64, parked: u64, sent: u64| {
+        (Value::from(pending), Value::from(parked), Value::from(sent))
+    };
+
+    let o = run(&["--json", "outbox", "stats"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = json(&o);
+    assert_eq!(counts(&s), n(2, 1, 2), "{s}");
+    assert_eq!(counts(&s["topics"]["orders.created"]), n(1, 1, 2), "{s}");
+    assert_eq!(counts(&s["topics"]["stock.reserved"]), n(1, 0, 0), "{s}");
+    assert!(s["oldest_pending_ms"].is_u64(), "{s}");
+    let o = run(&["outbox", "stats"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("orders.created"), "{}", stdout(&o));
+
+    // Parked by default, with why.
+    let o = run(&["outbox", "list"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = stdout(&o);
+    assert!(
+        table.contains("m-park") && table.contains("the sink is down"),
+        "{table}"
+    );
+    assert!(!table.contains("m-pend-1"), "{table}");
+    let o = run(&["--json", "outbox", "list", "--state", "parked"]);
+    let v = json(&o);
+    assert_eq!(v["state"], "parked");
+    let parked = v["messages"].as_array().unwrap();
+    assert_eq!(parked.len(), 1, "{v}");
+    assert_eq!(parked[0]["id"], "m-park");
+    assert_eq!(parked[0]["topic"], "orders.created");
+    assert_eq!(parked[0]["attempts"], 1);
+    assert_eq!(parked[0]["payload_bytes"], 7);
+    assert!(
+        parked[0]["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("the sink is down")),
+        "{v}"
+    );
+    let v = json(&run(&["--json", "outbox", "list", "--state", "pending"]));
+    let ids: Vec<&str> = v["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["m-pend-1", "m-pend-2"], "{v}");
+    assert_eq!(v["messages"][1]["ordering_key"], "order-7", "{v}");
+    let v = json(&run(&[
+        "--json", "outbox", "list", "--state", "sent", "--limit", "1",
+    ]));
+    assert_eq!(v["messages"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(
+        run(&["outbox", "list", "--state", "gone"]).status.code(),
+        Some(2)
+    );
+
+    // retry: parked becomes pending; unknown or sent ids are "no record".
+    let o = run(&["outbox", "retry", "m-park"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        counts(&json(&run(&["--json", "outbox", "stats"]))),
+        n(3, 0, 2)
+    );
+    let o = run(&["outbox", "retry", "m-nope"]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(stderr(&o).contains("no unsent message"), "{}", stderr(&o));
+    let o = run(&["--json", "outbox", "retry", "m-sent-1"]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert_eq!(json(&o)["retried"], false);
+
+    // purge: only sent messages, only those old enough.
+    let o = run(&["--json", "outbox", "purge"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(json(&o)["purged"], 0);
+    let o = run(&[
+        "--json",
+        "outbox",
+        "purge",
+        "--older-than",
+        "0s",
+        "--limit",
+        "1",
+    ]);
+    assert_eq!(json(&o)["purged"], 1, "{}", stderr(&o));
+    let o = run(&["outbox", "purge", "--older-than", "0s"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("purged 1 "), "{}", stdout(&o));
+    assert_eq!(
+        counts(&json(&run(&["--json", "outbox", "stats"]))),
+        n(3, 0, 0)
+    );
+    let o = run(&["outbox", "purge", "--older-than", "3 weeks"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn outbox_sqlite_file() {
+    let (dir, url, pool) = migrated_sqlite().await;
+    outbox_fixture(&pool).await;
+    tokio::task::spawn_blocking(move || operate_outbox(&url))
+        .await
+        .unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn outbox_postgres_private_schema() {
+    let Some(admin) = skip("PostgreSQL", sqlx::PgPool::connect(&pg_url()).await) else {
+        return;
+    };
+    let schema = format!("idem_cli_outbox_{}", random_hex());
+    sqlx::query(&format!("CREATE SCHEMA {schema}"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let sep = if pg_url().contains('?') { '&' } else { '?' };
+    let url = format!("{}{sep}options[search_path]={schema}", pg_url());
+    let store = PgStore::connect(&url).await.unwrap();
+    outbox_fixture(store.pool()).await;
+    store.pool().close().await;
+    tokio::task::spawn_blocking(move || operate_outbox(&url))
+        .await
+        .unwrap();
+    sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+        .execute(&admin)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn outbox_mysql_private_database() {
+    let base = mysql_base();
+    let Some(admin) = skip("MySQL", sqlx::MySqlPool::connect(&base).await) else {
+        return;
+    };
+    let db = format!("idem_cli_outbox_{}", random_hex());
+    sqlx::raw_sql(&format!("CREATE DATABASE `{db}`"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let options = sqlx::mysql::MySqlConnectOptions::from_str(&base)
+        .unwrap()
+        .database(&db);
+    let store = MySqlStore::builder().connect_with(options).await.unwrap();
+    outbox_fixture(store.pool()).await;
+    store.pool().close().await;
+    let (prefix, _) = base.rsplit_once('/').unwrap();
+    let url = format!("{prefix}/{db}");
+    tokio::task::spawn_blocking(move || operate_outbox(&url))
+        .await
+        .unwrap();
+    sqlx::raw_sql(&format!("DROP DATABASE `{db}`"))
+        .execute(&admin)
+        .await
+        .unwrap();
+}
+
+/// `idem outbox relay` as a service runs it: a child process, stopped by
+/// SIGTERM once the stream has the messages.
+#[tokio::test(flavor = "multi_thread")]
+async fn outbox_relay_to_redis_streams() {
+    let Some(client) = skip("Redis", redis::Client::open(redis_url())) else {
+        return;
+    };
+    let Some(mut conn) = skip("Redis", client.get_multiplexed_async_connection().await) else {
+        return;
+    };
+    let (dir, url, pool) = migrated_sqlite().await;
+    let topic = format!("idem-cli-outbox:{}", random_hex());
+    write(
+        &pool,
+        (1..=3)
+            .map(|i| Message::bytes(&topic, format!("{{\"n\":{i}}}")).id(format!("r-{i}")))
+            .collect(),
+    )
+    .await;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args([
+            "--store",
+            &url,
+            "--json",
+            "outbox",
+            "relay",
+            "--to",
+            &redis_url(),
+        ])
+        .env_remove("IDEM_STORE")
+        .env_remove("IDEM_RELAY_TO")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start idem outbox relay");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut len = 0u64;
+    while std::time::Instant::now() < deadline {
+        len = redis::cmd("XLEN")
+            .arg(&topic)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if len >= 3 || child.try_wait().unwrap().is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let pid = child.id().to_string();
+    let stopped = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .is_ok_and(|s| s.success());
+    // Bounded: a relay that ignored SIGTERM is killed, and the test fails.
+    let mut exited = None;
+    for _ in 0..200 {
+        exited = child.try_wait().unwrap();
+        if exited.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if exited.is_none() {
+        child.kill().ok();
+    }
+    let out = child.wait_with_output().unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(&topic)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(len, 3, "stream length; relay said: {}", stderr(&out));
+    assert!(
+        stopped && exited.is_some_and(|s| s.success()),
+        "{exited:?}: {}",
+        stderr(&out)
+    );
+    assert!(
+        stderr(&out).contains("relaying the outbox to redis ("),
+        "{}",
+        stderr(&out)
+    );
+    // Stopped cleanly: its counts, on stdout.
+    let stats = json(&out);
+    assert_eq!(stats["published"], 3, "{stats}");
+    let o = idem(&["--store", &url, "--json", "outbox", "stats"], &[]);
+    let s = json(&o);
+    assert_eq!(
+        (&s["pending"], &s["sent"]),
+        (&Value::from(0), &Value::from(3)),
+        "{s}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn outbox_refusals_are_explained() {
+    // Only the SQL stores have an outbox.
+    let o = idem(
+        &["--store", "redis://127.0.0.1:6379", "outbox", "stats"],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("the outbox lives in a SQL database"),
+        "{}",
+        stderr(&o)
+    );
+    let o = idem(&["outbox", "stats"], &[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("--store"), "{}", stderr(&o));
+
+    let (dir, url, _pool) = migrated_sqlite().await;
+    let cases = [
+        ("foo://x", "unknown --to URL scheme \"foo\""),
+        ("redis:/:s3cret@127.0.0.1", "malformed --to URL"),
+        ("s3cret", "--to must be a broker URL"),
+        ("rediss://:s3cret@127.0.0.1", "TLS"),
+        // Nothing listens on port 1.
+        (
+            "redis://:s3cret@127.0.0.1:1",
+            "cannot relay to redis (127.0.0.1:1)",
+        ),
+        (
+            "amqp://u:s3cret@127.0.0.1:1/%2f",
+            "cannot relay to amqp (127.0.0.1:1)",
+        ),
+    ];
+    for (to, says) in cases {
+        let o = idem(&["--store", &url, "outbox", "relay", "--to", to], &[]);
+        assert_eq!(o.status.code(), Some(1), "{to}: {}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{to}: {}", stderr(&o));
+        assert!(
+            !stderr(&o).contains("s3cret"),
+            "{to} leaked: {}",
+            stderr(&o)
+        );
+    }
+    let o = idem(&["--store", &url, "outbox", "relay"], &[]);
+    assert_eq!(o.status.code(), Some(2), "--to is required");
+
+    // A database without the outbox table: a hint, not just the SQL error.
+    let bare = dir.join("bare.db");
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=rwc", bare.display()))
+        .await
+        .unwrap();
+    sqlx::query("CREATE TABLE t (x INTEGER)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    for args in [
+        &["outbox", "stats"][..],
+        &["outbox", "relay", "--to", "redis://127.0.0.1:1"],
+    ] {
+        let mut v = vec!["--store", bare.to_str().unwrap()];
+        v.extend_from_slice(args);
+        let o = idem(&v, &[]);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("no outbox table"), "{}", stderr(&o));
+        assert!(stderr(&o).contains("idem schema"), "{}", stderr(&o));
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }
