@@ -24,7 +24,9 @@ pub async fn backlog<DB: OutboxDatabase>(
     pool: &sqlx::Pool<DB>,
     with_sent: bool,
 ) -> Result<Vec<Backlog>, StoreError> {
-    DB::backlog(pool, with_sent).await.map_err(store_error::<DB>)
+    DB::backlog(pool, with_sent)
+        .await
+        .map_err(store_error::<DB>)
 }
 
 /// Up to `limit` messages in `state`, oldest first.
@@ -55,7 +57,10 @@ pub async fn list<DB: OutboxDatabase>(
 /// assert!(idem_runtime::outbox::retry(&pool, "order-7-created").await?);
 /// # Ok(()) }
 /// ```
-pub async fn retry<DB: OutboxDatabase>(pool: &sqlx::Pool<DB>, id: &str) -> Result<bool, StoreError> {
+pub async fn retry<DB: OutboxDatabase>(
+    pool: &sqlx::Pool<DB>,
+    id: &str,
+) -> Result<bool, StoreError> {
     DB::retry(pool, id).await.map_err(store_error::<DB>)
 }
 

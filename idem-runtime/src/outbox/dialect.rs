@@ -4,7 +4,6 @@
 
 use std::future::Future;
 
-
 /// Where a message stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MessageState {
@@ -165,9 +164,8 @@ pub trait Dialect: sqlx::Database {
 
     /// A way to wait for the next commit that wrote messages, if the database
     /// has one (PostgreSQL's LISTEN); `None` makes the relay poll.
-    fn listen(
-        pool: &sqlx::Pool<Self>,
-    ) -> impl Future<Output = Option<Box<dyn Wakeup>>> + Send + '_;
+    fn listen(pool: &sqlx::Pool<Self>)
+    -> impl Future<Output = Option<Box<dyn Wakeup>>> + Send + '_;
 }
 
 /// Waits for a commit that wrote messages.

@@ -60,8 +60,8 @@ use std::collections::BTreeMap;
 
 pub use crate::consumer::MessageId;
 pub use admin::{backlog, list, purge, retry};
-pub use dialect::{Backlog, ListedMessage, MessageState, OutboxDatabase};
 use dialect::NewRow;
+pub use dialect::{Backlog, ListedMessage, MessageState, OutboxDatabase};
 pub use relay::{Relay, RelayBuilder, RelayStats, Round};
 
 use crate::error::{CodecError, StoreError};
@@ -253,7 +253,10 @@ outbox_connection!("sqlite", sqlx::SqliteConnection, sqlx::Sqlite);
 /// Writes one message in the caller's transaction and returns its id.
 ///
 /// See the [module documentation](self) for an example.
-pub async fn put<T: OutboxTx + ?Sized>(tx: &mut T, message: Message) -> Result<MessageId, OutboxError> {
+pub async fn put<T: OutboxTx + ?Sized>(
+    tx: &mut T,
+    message: Message,
+) -> Result<MessageId, OutboxError> {
     let mut ids = put_all(tx, [message]).await?;
     Ok(ids.remove(0))
 }

@@ -48,8 +48,14 @@ impl Dialect for MySql {
     /// until the transaction ends, so a key's messages take their `seq` in
     /// commit order (the keys in sorted order, so two writers of the same keys
     /// lock them in the same order).
-    async fn insert<'a>(conn: &'a mut MySqlConnection, rows: &'a [NewRow]) -> Result<(), sqlx::Error> {
-        let mut keys: Vec<&str> = rows.iter().filter_map(|r| r.ordering_key.as_deref()).collect();
+    async fn insert<'a>(
+        conn: &'a mut MySqlConnection,
+        rows: &'a [NewRow],
+    ) -> Result<(), sqlx::Error> {
+        let mut keys: Vec<&str> = rows
+            .iter()
+            .filter_map(|r| r.ordering_key.as_deref())
+            .collect();
         keys.sort_unstable();
         keys.dedup();
         if !keys.is_empty() {
@@ -113,7 +119,9 @@ impl Dialect for MySql {
         if locked.is_empty() {
             return Ok(Vec::new());
         }
-        let mut q = QueryBuilder::<MySql>::new("UPDATE idem_outbox SET attempts = attempts + 1, claim_token = ");
+        let mut q = QueryBuilder::<MySql>::new(
+            "UPDATE idem_outbox SET attempts = attempts + 1, claim_token = ",
+        );
         q.push_bind(token);
         q.push(concat!(", next_attempt_at = ", now_ms!(), " + "));
         q.push_bind(lease_ms);
@@ -129,7 +137,11 @@ impl Dialect for MySql {
         rows.into_iter().map(claimed).collect()
     }
 
-    async fn mark_sent<'a>(pool: &'a MySqlPool, token: &'a [u8], seqs: &'a [i64]) -> Result<u64, sqlx::Error> {
+    async fn mark_sent<'a>(
+        pool: &'a MySqlPool,
+        token: &'a [u8],
+        seqs: &'a [i64],
+    ) -> Result<u64, sqlx::Error> {
         let mut q = QueryBuilder::<MySql>::new(concat!(
             "UPDATE idem_outbox SET state = 1, sent_at = ",
             now_ms!(),
@@ -192,7 +204,11 @@ impl Dialect for MySql {
             .collect()
     }
 
-    async fn list(pool: &MySqlPool, state: MessageState, limit: i64) -> Result<Vec<ListedMessage>, sqlx::Error> {
+    async fn list(
+        pool: &MySqlPool,
+        state: MessageState,
+        limit: i64,
+    ) -> Result<Vec<ListedMessage>, sqlx::Error> {
         let rows = sqlx::query(
             "SELECT seq, id, topic, ordering_key, CAST(state AS SIGNED) AS state, attempts, created_at,\n\
                last_error, CAST(LENGTH(payload) AS SIGNED) AS size\n\

@@ -118,7 +118,11 @@ impl Dialect for Postgres {
         rows.into_iter().map(claimed).collect()
     }
 
-    async fn mark_sent<'a>(pool: &'a PgPool, token: &'a [u8], seqs: &'a [i64]) -> Result<u64, sqlx::Error> {
+    async fn mark_sent<'a>(
+        pool: &'a PgPool,
+        token: &'a [u8],
+        seqs: &'a [i64],
+    ) -> Result<u64, sqlx::Error> {
         let done = sqlx::query(concat!(
             "UPDATE idem_outbox SET state = 1, sent_at = ",
             now_ms!(),
@@ -184,7 +188,11 @@ impl Dialect for Postgres {
             .collect()
     }
 
-    async fn list(pool: &PgPool, state: MessageState, limit: i64) -> Result<Vec<ListedMessage>, sqlx::Error> {
+    async fn list(
+        pool: &PgPool,
+        state: MessageState,
+        limit: i64,
+    ) -> Result<Vec<ListedMessage>, sqlx::Error> {
         let rows = sqlx::query(
             "SELECT seq, id, topic, ordering_key, state, attempts, created_at, last_error,\n\
                octet_length(payload)::bigint AS size\n\

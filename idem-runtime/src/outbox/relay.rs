@@ -246,10 +246,10 @@ impl<DB: OutboxDatabase> Relay<DB> {
         // Past the lease another relay may publish the batch too; giving up
         // before it keeps that rare (and a late confirmation is then a retry).
         let budget = self.s.lease.mul_f64(0.8);
-        let results = match tokio::time::timeout(budget, self.sink.publish(&outgoing)).await {
-            Ok(results) => results,
-            Err(_) => Vec::new(),
-        };
+        // A timeout leaves no results: every message then counts as unconfirmed.
+        let results = tokio::time::timeout(budget, self.sink.publish(&outgoing))
+            .await
+            .unwrap_or_default();
         let mut sent = Vec::new();
         let mut sent_topics: BTreeMap<&str, u64> = BTreeMap::new();
         for (i, c) in to_send.iter().enumerate() {
@@ -261,10 +261,7 @@ impl<DB: OutboxDatabase> Relay<DB> {
                 failure => {
                     let reason = match failure {
                         Some(Err(e)) => e.to_string(),
-                        _ => format!(
-                            "{}: no confirmation within {budget:?}",
-                            self.sink.name()
-                        ),
+                        _ => format!("{}: no confirmation within {budget:?}", self.sink.name()),
                     };
                     let attempt = c.attempts.max(1) as u32;
                     let park = attempt >= self.s.max_attempts;
@@ -297,11 +294,24 @@ impl<DB: OutboxDatabase> Relay<DB> {
         Ok(round)
     }
 
-    async fn fail(&self, token: &[u8], c: &Claimed, reason: &str, park: bool) -> Result<(), StoreError> {
+    async fn fail(
+        &self,
+        token: &[u8],
+        c: &Claimed,
+        reason: &str,
+        park: bool,
+    ) -> Result<(), StoreError> {
         let retry_in = self.backoff_for(c.attempts.max(1) as u32);
-        DB::mark_failed(&self.pool, token, c.seq, reason, retry_in.as_millis() as i64, park)
-            .await
-            .map_err(store_error::<DB>)?;
+        DB::mark_failed(
+            &self.pool,
+            token,
+            c.seq,
+            reason,
+            retry_in.as_millis() as i64,
+            park,
+        )
+        .await
+        .map_err(store_error::<DB>)?;
         if park {
             tracing::error!(id = %c.id, topic = %c.topic, %reason, "outbox: message parked");
             self.counters.parked.fetch_add(1, Ordering::Relaxed);
@@ -410,11 +420,15 @@ struct Gauges {
 }
 
 impl Gauges {
-    async fn refresh<DB: OutboxDatabase>(&mut self, pool: &sqlx::Pool<DB>) -> Result<(), StoreError> {
+    async fn refresh<DB: OutboxDatabase>(
+        &mut self,
+        pool: &sqlx::Pool<DB>,
+    ) -> Result<(), StoreError> {
         let backlog = admin::backlog(pool, false).await?;
         let mut seen = BTreeSet::new();
         for b in backlog {
-            metrics::gauge!("idem_outbox_backlog", "topic" => b.topic.clone()).set(b.pending as f64);
+            metrics::gauge!("idem_outbox_backlog", "topic" => b.topic.clone())
+                .set(b.pending as f64);
             metrics::gauge!("idem_outbox_parked", "topic" => b.topic.clone()).set(b.parked as f64);
             metrics::gauge!("idem_outbox_oldest_age_seconds", "topic" => b.topic.clone())
                 .set(b.oldest_pending_ms as f64 / 1000.0);

@@ -36,7 +36,10 @@ fn push_seqs(q: &mut QueryBuilder<'_, Sqlite>, seqs: &[i64]) {
 impl Dialect for Sqlite {
     const BACKEND: &'static str = "sqlite";
 
-    async fn insert<'a>(conn: &'a mut SqliteConnection, rows: &'a [NewRow]) -> Result<(), sqlx::Error> {
+    async fn insert<'a>(
+        conn: &'a mut SqliteConnection,
+        rows: &'a [NewRow],
+    ) -> Result<(), sqlx::Error> {
         let mut q = QueryBuilder::<Sqlite>::new(
             "INSERT INTO idem_outbox (id, topic, ordering_key, headers, payload, created_at, next_attempt_at) ",
         );
@@ -82,7 +85,11 @@ impl Dialect for Sqlite {
         rows.into_iter().map(claimed).collect()
     }
 
-    async fn mark_sent<'a>(pool: &'a SqlitePool, token: &'a [u8], seqs: &'a [i64]) -> Result<u64, sqlx::Error> {
+    async fn mark_sent<'a>(
+        pool: &'a SqlitePool,
+        token: &'a [u8],
+        seqs: &'a [i64],
+    ) -> Result<u64, sqlx::Error> {
         let mut q = QueryBuilder::<Sqlite>::new(concat!(
             "UPDATE idem_outbox SET state = 1, sent_at = ",
             now_ms!(),
@@ -143,7 +150,11 @@ impl Dialect for Sqlite {
             .collect()
     }
 
-    async fn list(pool: &SqlitePool, state: MessageState, limit: i64) -> Result<Vec<ListedMessage>, sqlx::Error> {
+    async fn list(
+        pool: &SqlitePool,
+        state: MessageState,
+        limit: i64,
+    ) -> Result<Vec<ListedMessage>, sqlx::Error> {
         let rows = sqlx::query(
             "SELECT seq, id, topic, ordering_key, state, attempts, created_at, last_error,\n\
                length(payload) AS size\n\

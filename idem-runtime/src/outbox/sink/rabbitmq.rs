@@ -98,7 +98,10 @@ impl Sink for RabbitMqSink {
                     Ok(c) => match c.take_message() {
                         Some(_) => Err(BrokerError::new(
                             "rabbitmq",
-                            format!("no queue is bound for `{}` (the message came back)", m.topic),
+                            format!(
+                                "no queue is bound for `{}` (the message came back)",
+                                m.topic
+                            ),
                         )),
                         None => Ok(()),
                     },

@@ -78,9 +78,10 @@ impl Sink for RedisStreamsSink {
                 .iter()
                 .enumerate()
                 .map(|(i, _)| match replies.get(i) {
-                    Some(Value::ServerError(e)) => {
-                        Err(BrokerError::new("redis", redis::RedisError::from(e.clone())))
-                    }
+                    Some(Value::ServerError(e)) => Err(BrokerError::new(
+                        "redis",
+                        redis::RedisError::from(e.clone()),
+                    )),
                     Some(_) => Ok(()),
                     None => Err(BrokerError::new("redis", "no reply to XADD")),
                 })
