@@ -1,6 +1,9 @@
 //! The README's story, end to end, on the embedded default (SQLite, one file):
 //! a double click, a replay five minutes later, a retry after a flaky downstream
-//! and a genuinely new order. Every scenario is checked against the tables; any
+//! and a genuinely new order. Each order's "order created" message goes into
+//! the transactional outbox with the order, and a relay hands it to an
+//! in-process consumer that ships each order once, even when the relay
+//! publishes a message twice. Every scenario is checked against the tables; any
 //! difference makes the program exit with status 1.
 //!
 //! Run: `cargo run --example orders`
@@ -10,6 +13,10 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
+use idem_runtime::consumer::testing::Memory;
+use idem_runtime::consumer::{Acked, Action, BrokerError, Envelope, Runner};
+use idem_runtime::outbox::sink::{MemorySink, Sink};
+use idem_runtime::outbox::{self, Message, Outgoing, Relay};
 use idem_runtime::store::sql::SqliteStore;
 use idem_runtime::unique::InsertOnce;
 use idem_runtime::{ManualClock, idempotent, step};
@@ -48,12 +55,24 @@ struct Order {
     coupon: String,
 }
 
+/// The message every new order publishes, through the outbox.
+#[derive(Debug, Serialize, Deserialize)]
+struct OrderCreated {
+    order_id: i64,
+    sku: String,
+    qty: i64,
+}
+
 #[derive(Debug, thiserror::Error)]
 enum AppError {
     #[error(transparent)]
     Idem(#[from] idem_runtime::Error),
     #[error("database: {0}")]
     Db(#[from] sqlx::Error),
+    #[error(transparent)]
+    Codec(#[from] idem_runtime::CodecError),
+    #[error(transparent)]
+    Outbox(#[from] outbox::OutboxError),
     #[error("not enough stock for {0}")]
     OutOfStock(String),
     #[error("the coupon service is down")]
@@ -64,6 +83,7 @@ struct OrderService {
     store: SqliteStore,
     coupon_down: AtomicBool,   // set: the next coupon call fails
     coupons_issued: AtomicU32, // what the (pretend) coupon provider handed out
+    shipped: AtomicU32,        // what the consumer of "order created" shipped
 }
 
 impl OrderService {
@@ -127,8 +147,14 @@ impl OrderService {
         Ok(ledger_id)
     }
 
+    // The order and its "order created" message commit together (the
+    // transactional outbox): no order without its message, no message for an
+    // order that rolled back. Its id derives from the step's key: the same on
+    // every run of the step, so what deduplicates the step's write also
+    // deduplicates its message.
     #[step("insert_order")]
     async fn insert_order(&self, req: &CreateOrder) -> Result<i64, AppError> {
+        let mut tx = self.db().begin().await?;
         let id = sqlx::query_scalar(
             "INSERT INTO orders (user_id, client_order_no, sku, qty) VALUES (?1, ?2, ?3, ?4) RETURNING id",
         )
@@ -136,9 +162,25 @@ impl OrderService {
         .bind(&req.client_order_no)
         .bind(&req.sku)
         .bind(req.qty)
-        .fetch_one(self.db())
+        .fetch_one(&mut *tx)
         .await?;
+        let created = OrderCreated {
+            order_id: id,
+            sku: req.sku.clone(),
+            qty: req.qty,
+        };
+        outbox::put(&mut tx, Message::json("orders.created", &created)?).await?;
+        tx.commit().await?;
         Ok(id)
+    }
+
+    // The consumer of "order created", keyed on the message id alone: the
+    // relay publishes at least once, and a second delivery is a replay.
+    #[idempotent(consumer, event = "SHIP", key = "m.id", scope = "orders.ship", store = self.store.clone())]
+    async fn ship(&self, m: Envelope<OrderCreated>) -> Result<(), AppError> {
+        let _ = (m.body.order_id, m.body.qty); // hand the parcel over
+        self.shipped.fetch_add(1, Ordering::SeqCst);
+        Ok(())
     }
 
     // An external call: no transaction can cover it, so the step record is what
@@ -151,6 +193,30 @@ impl OrderService {
         }
         self.coupons_issued.fetch_add(1, Ordering::SeqCst);
         Ok(format!("CPN-{order_id}"))
+    }
+}
+
+/// A broker that takes the first batch but whose confirmations never reach
+/// the relay (the connection dropped after the publish): the relay cannot
+/// tell that from a lost publish, so it publishes those messages again.
+struct LostConfirmations {
+    broker: MemorySink,
+    lose_next: AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl Sink for LostConfirmations {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn publish(&self, batch: &[Outgoing]) -> Vec<Result<(), BrokerError>> {
+        let confirmed = self.broker.publish(batch).await;
+        if !self.lose_next.swap(false, Ordering::SeqCst) {
+            return confirmed;
+        }
+        let lost = || Err(BrokerError::new("memory", "the confirmation was lost"));
+        confirmed.iter().map(|_| lost()).collect()
     }
 }
 
@@ -281,6 +347,67 @@ async fn scenarios(svc: &OrderService, clock: &ManualClock, report: &mut Report)
     report.tables(svc, [4, 4, 2, 4]).await;
 }
 
+async fn relay_and_consume(
+    svc: &OrderService,
+    report: &mut Report,
+) -> Result<(), Box<dyn std::error::Error>> {
+    report.scenario("7. The outbox: each order's message, relayed once its transaction committed");
+    let count = |sql| sqlx::query_scalar::<_, i64>(sql).fetch_one(svc.db());
+    let written = count("SELECT COUNT(*) FROM idem_outbox").await?;
+    report.check(
+        &format!("{written} messages waiting for 4 orders (duplicates and retries wrote none)"),
+        written == 4,
+    );
+    let (broker, mut inbox) = MemorySink::channel(64);
+    let sink = LostConfirmations {
+        broker,
+        lose_next: AtomicBool::new(true),
+    };
+    // No backoff, so the retry is due in the next round rather than in a second.
+    let relay = Relay::builder(svc.db().clone(), sink)
+        .backoff(Duration::ZERO, Duration::ZERO)
+        .build();
+    let round = relay.run_once().await?;
+    println!(
+        "  relay round 1: {} claimed, {} confirmed, {} failed (the broker took them; the confirmations were lost)",
+        round.claimed, round.published, round.failed
+    );
+    let round = relay.run_once().await?;
+    println!(
+        "  relay round 2: {} claimed, {} confirmed and marked sent (the same messages again: at least once)",
+        round.claimed, round.published
+    );
+
+    let runner = Runner::new("orders.ship", "SHIP");
+    let ship = |m: Envelope<OrderCreated>| svc.ship(m);
+    while let Ok(m) = inbox.try_recv() {
+        let order: OrderCreated = serde_json::from_slice(&m.payload)?;
+        let delivery = Memory::new(&m.payload).with_message_id(m.id.as_str());
+        let what = match runner.process(delivery, &ship).await? {
+            Action::Acked(Acked::Processed) => "shipped".to_owned(),
+            Action::Acked(Acked::Deduplicated) => "a duplicate: acked, not shipped".to_owned(),
+            other => format!("{other:?}"),
+        };
+        println!(
+            "  consumer: message {}… (order #{}): {what}",
+            &m.id.as_str()[..8],
+            order.order_id
+        );
+    }
+    let stats = runner.stats();
+    let shipped = svc.shipped.load(Ordering::SeqCst);
+    report.check(
+        &format!(
+            "{} deliveries: {} shipped, {} deduplicated on the message id",
+            stats.delivered, shipped, stats.deduplicated
+        ),
+        stats.delivered == 8 && shipped == 4 && stats.deduplicated == 4,
+    );
+    let pending = count("SELECT COUNT(*) FROM idem_outbox WHERE state <> 1").await?;
+    report.check(&format!("messages still to send: {pending}"), pending == 0);
+    Ok(())
+}
+
 fn remove_db(path: &Path) {
     for suffix in ["", "-wal", "-shm"] {
         let mut file = path.as_os_str().to_owned();
@@ -311,15 +438,19 @@ async fn main() -> Result<ExitCode, Box<dyn std::error::Error>> {
         store,
         coupon_down: AtomicBool::new(false),
         coupons_issued: AtomicU32::new(0),
+        shipped: AtomicU32::new(0),
     };
     let mut report = Report::default();
     scenarios(&svc, &clock, &mut report).await;
+    relay_and_consume(&svc, &mut report).await?;
     svc.store.pool().close().await;
     remove_db(&path);
 
     let (n, failed) = (report.checks, &report.failed);
     if failed.is_empty() {
-        println!("\nsummary: all {n} checks passed: one order, one stock movement per intent");
+        println!(
+            "\nsummary: all {n} checks passed: one order, one stock movement, one shipment per intent"
+        );
         Ok(ExitCode::SUCCESS)
     } else {
         println!("\nsummary: {} of {n} checks FAILED:", failed.len());
