@@ -361,21 +361,13 @@ async fn on<DB: OutboxDatabase>(
                     relay(cli, pool, s, &sink, settings).await
                 }
                 Broker::Amqp => {
-                    let conn = tokio::time::timeout(
-                        connect,
-                        idem_runtime::consumer::rabbitmq::connect(sink.url),
-                    )
-                    .await
-                    .map_err(|e| sink.failed(e))?
-                    .map_err(|e| sink.failed(e))?;
-                    let channel = conn.create_channel().await.map_err(|e| sink.failed(e))?;
-                    let s = RabbitMqSink::new(channel)
+                    // Reconnects by itself after the broker closed the
+                    // connection (a restart): the relay outlives it.
+                    let s = tokio::time::timeout(connect, RabbitMqSink::connect(sink.url))
                         .await
+                        .map_err(|e| sink.failed(e))?
                         .map_err(|e| sink.failed(e))?;
-                    let result = relay(cli, pool, s, &sink, settings).await;
-                    // The channel lives only as long as its connection.
-                    drop(conn);
-                    result
+                    relay(cli, pool, s, &sink, settings).await
                 }
             }
         }

@@ -18,7 +18,7 @@ use idem_tests::services;
 use redis::AsyncCommands;
 use sqlx::PgPool;
 
-use super::{postgres, tag};
+use super::{metric, postgres, recorder, tag, until};
 
 /// Applications per message id (ids are unique per test).
 pub static APPLIED: LazyLock<Mutex<HashMap<String, u32>>> = LazyLock::new(Mutex::default);
@@ -293,4 +293,146 @@ async fn rabbitmq_carries_the_id_and_an_unroutable_message_is_not_marked_sent() 
         let _ = channel.queue_delete(&q, Default::default()).await;
     }
     db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_down_then_back_the_backlog_drains_and_nothing_is_lost() {
+    recorder();
+    let Some(db) = postgres().await else { return };
+    let url = services::redis_url();
+    let Some(direct) = services::reachable("Redis", &url, redis::Client::open(url.as_str())) else {
+        return;
+    };
+    let upstream = url
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .to_owned();
+    let proxy = idem_tests::proxy::Proxy::start(upstream).await;
+    let via_proxy = redis::Client::open(format!("redis://127.0.0.1:{}", proxy.port())).unwrap();
+    let sink = RedisStreamsSink::connect(&via_proxy).await.unwrap();
+    let relay = std::sync::Arc::new(
+        Relay::builder(db.pool.clone(), sink)
+            .backoff(Duration::from_millis(50), Duration::from_millis(200))
+            .max_attempts(1_000)
+            .lease(Duration::from_secs(2))
+            .stats_interval(Duration::from_millis(50))
+            .build(),
+    );
+    let stop = std::sync::Arc::new(tokio::sync::Notify::new());
+    let running = {
+        let (relay, stop) = (relay.clone(), stop.clone());
+        tokio::spawn(async move { relay.run_until(stop.notified()).await })
+    };
+    proxy.set_down(true).await;
+    let stream = format!("idem-test-outbox-outage-{}", tag());
+    let ids: Vec<String> = (0..5).map(|i| format!("{stream}-{i}")).collect();
+    write(&db.pool, &stream, &ids).await;
+    until("publishes to fail while Redis is unreachable", 30, || {
+        std::future::ready(relay.stats().failed >= 5)
+    })
+    .await;
+    until("the backlog gauge to show the messages", 30, || async {
+        metric("idem_outbox_backlog", &stream) == Some(5.0)
+    })
+    .await;
+    let mut conn = direct.get_multiplexed_async_connection().await.unwrap();
+    assert_eq!(conn.xlen::<_, usize>(&stream).await.unwrap(), 0);
+    assert_eq!(
+        outbox::backlog(&db.pool, false).await.unwrap()[0].pending,
+        5,
+        "nothing lost while Redis was down"
+    );
+
+    proxy.set_down(false).await;
+    until("the backlog to drain once Redis is back", 30, || async {
+        outbox::backlog(&db.pool, false)
+            .await
+            .unwrap()
+            .iter()
+            .all(|b| b.pending == 0)
+    })
+    .await;
+    let entries: redis::streams::StreamRangeReply = conn.xrange_all(&stream).await.unwrap();
+    let mut got: Vec<String> = entries
+        .ids
+        .iter()
+        .map(|e| e.get::<String>("message-id").unwrap())
+        .collect();
+    got.sort();
+    got.dedup();
+    assert_eq!(got, ids, "every message published after the outage");
+    stop.notify_one();
+    running.await.unwrap();
+    let _: () = conn.del(&stream).await.unwrap();
+    db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_wakes_a_waiting_relay_at_commit_and_a_busy_one_costs_writers_no_notify() {
+    let Some(db) = postgres().await else { return };
+    let topic = format!("woken.{}", tag());
+    let schema: String = sqlx::query_scalar("SELECT current_schema()")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    // Other tests' outboxes notify on the same channel, with their schema.
+    let mut listener = sqlx::postgres::PgListener::connect_with(&db.pool)
+        .await
+        .unwrap();
+    listener.listen("idem_outbox").await.unwrap();
+    // Nobody waits: a writer's commit sends no notification.
+    write(&db.pool, &topic, &[format!("{topic}-quiet")]).await;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), ours(&mut listener, &schema))
+            .await
+            .is_err(),
+        "no relay waits, so no NOTIFY"
+    );
+    sqlx::query("DELETE FROM idem_outbox")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+
+    // A relay that would poll only once a minute: a commit must wake it.
+    let (sink, mut rx) = outbox::sink::MemorySink::channel(10);
+    let relay = std::sync::Arc::new(
+        Relay::builder(db.pool.clone(), sink)
+            .poll_interval(Duration::from_secs(60))
+            .build(),
+    );
+    let stop = std::sync::Arc::new(tokio::sync::Notify::new());
+    let running = {
+        let (relay, stop) = (relay.clone(), stop.clone());
+        tokio::spawn(async move { relay.run_until(stop.notified()).await })
+    };
+    until("the relay to wait", 10, || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM idem_outbox_sleepers")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+            == 1
+    })
+    .await;
+    // Past its own second look after arming: now it is blocked in LISTEN.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    write(&db.pool, &topic, &[format!("{topic}-woken")]).await;
+    let got = tokio::time::timeout(Duration::from_secs(20), rx.recv())
+        .await
+        .expect("the commit woke the relay long before its 60 s poll")
+        .unwrap();
+    assert_eq!(got.id.as_str(), format!("{topic}-woken"));
+    assert!(
+        tokio::time::timeout(Duration::from_secs(5), ours(&mut listener, &schema))
+            .await
+            .is_ok(),
+        "a relay waits, so the writer notified"
+    );
+    stop.notify_one();
+    running.await.unwrap();
+    db.drop().await;
+}
+
+/// The next notification of the outbox in `schema`.
+async fn ours(listener: &mut sqlx::postgres::PgListener, schema: &str) {
+    while listener.recv().await.unwrap().payload() != schema {}
 }

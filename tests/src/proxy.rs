@@ -1,7 +1,8 @@
 //! A TCP proxy in front of a server that a test can cut (every open
 //! connection closes, new ones are refused) or make hold the server's replies
 //! (requests still reach the server, answers wait): the two ways a network
-//! fails a client mid-call.
+//! fails a client mid-call. `set_down` is a cut that ends: the server is
+//! unreachable for a while, then back.
 
 use std::time::Duration;
 
@@ -13,6 +14,7 @@ pub struct Proxy {
     port: u16,
     cut: watch::Sender<bool>,
     hold: watch::Sender<bool>,
+    down: watch::Sender<bool>,
 }
 
 impl Proxy {
@@ -22,6 +24,7 @@ impl Proxy {
         let port = listener.local_addr().unwrap().port();
         let (cut, cut_rx) = watch::channel(false);
         let (hold, hold_rx) = watch::channel(false);
+        let (down, down_rx) = watch::channel(false);
         tokio::spawn(async move {
             let mut stop = cut_rx.clone();
             loop {
@@ -29,8 +32,13 @@ impl Proxy {
                     accepted = listener.accept() => accepted.unwrap(),
                     _ = stop.wait_for(|cut| *cut) => return, // drops the listener
                 };
+                if *down_rx.borrow() {
+                    drop(client); // refused while down
+                    continue;
+                }
                 let upstream = upstream.clone();
                 let mut stop = cut_rx.clone();
+                let mut outage = down_rx.clone();
                 let hold = hold_rx.clone();
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(upstream).await else {
@@ -39,11 +47,17 @@ impl Proxy {
                     tokio::select! {
                         () = forward(client, server, hold) => {}
                         _ = stop.wait_for(|cut| *cut) => {}
+                        _ = outage.wait_for(|down| *down) => {}
                     }
                 });
             }
         });
-        Proxy { port, cut, hold }
+        Proxy {
+            port,
+            cut,
+            hold,
+            down,
+        }
     }
 
     /// The proxy's port on 127.0.0.1.
@@ -55,6 +69,13 @@ impl Proxy {
     pub async fn cut(&self) {
         self.cut.send_replace(true);
         // Let the proxy tasks see it and close their sockets.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    /// While `true`, every connection through the proxy is closed and new
+    /// ones are closed as they arrive; `false` lets them through again.
+    pub async fn set_down(&self, down: bool) {
+        self.down.send_replace(down);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 

@@ -33,11 +33,24 @@ CREATE INDEX IF NOT EXISTS idem_outbox_ordering ON idem_outbox (ordering_key, se
 -- The purge of sent messages by age.
 CREATE INDEX IF NOT EXISTS idem_outbox_sent ON idem_outbox (sent_at) WHERE state = 1;
 
--- Wakes relays listening on `idem_outbox` when a transaction that wrote
--- messages commits (NOTIFY is delivered at commit, once per transaction).
+-- Relays waiting for work (LISTEN idem_outbox), each until a time it renews
+-- while it waits. A writer notifies only while one waits: NOTIFY makes every
+-- committing transaction that sent one queue for a cluster-wide lock, which
+-- would serialise writers' commits while a busy relay needs no wake-up.
+CREATE TABLE IF NOT EXISTS idem_outbox_sleepers (
+    relay BYTEA  NOT NULL PRIMARY KEY,
+    until BIGINT NOT NULL
+);
+
+-- Wakes waiting relays when a transaction that wrote messages commits
+-- (NOTIFY is delivered at commit, once per transaction and payload). The
+-- payload is the schema, so relays of other schemas in the database sleep on.
 CREATE OR REPLACE FUNCTION idem_outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('idem_outbox', '');
+    IF EXISTS (SELECT 1 FROM idem_outbox_sleepers
+               WHERE until > (extract(epoch FROM clock_timestamp()) * 1000)::bigint) THEN
+        PERFORM pg_notify('idem_outbox', current_schema());
+    END IF;
     RETURN NULL;
 END
 $$;

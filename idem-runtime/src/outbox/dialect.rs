@@ -171,6 +171,12 @@ pub trait Dialect: sqlx::Database {
 /// Waits for a commit that wrote messages.
 #[async_trait::async_trait]
 pub trait Wakeup: Send {
+    /// Tells writers a relay is about to wait (for at most `max`), so their
+    /// commits wake it. The relay looks for work once more after this and
+    /// before [`Wakeup::wait`], so a commit between its last look and this is
+    /// not missed.
+    async fn arm(&mut self, max: std::time::Duration);
+
     /// Returns after a notification (or an error, which the relay treats as
     /// "look now").
     async fn wait(&mut self);

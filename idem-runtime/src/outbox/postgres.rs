@@ -259,20 +259,72 @@ impl Dialect for Postgres {
             tracing::warn!(error = %e, "outbox relay: LISTEN failed, polling instead");
             return None;
         }
-        Some(Box::new(Listening(listener)))
+        let schema: String = match sqlx::query_scalar("SELECT current_schema()")
+            .fetch_one(pool)
+            .await
+        {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "outbox relay: LISTEN unavailable, polling instead");
+                return None;
+            }
+        };
+        let mut me = [0u8; 16];
+        rand::RngCore::fill_bytes(&mut rand::rng(), &mut me);
+        Some(Box::new(Listening {
+            listener,
+            pool: pool.clone(),
+            schema,
+            me,
+        }))
     }
 }
 
-struct Listening(PgListener);
+struct Listening {
+    listener: PgListener,
+    pool: PgPool,
+    /// The schema of this relay's table: the payload its writers notify with.
+    schema: String,
+    /// This relay's row in `idem_outbox_sleepers`.
+    me: [u8; 16],
+}
 
 #[async_trait::async_trait]
 impl Wakeup for Listening {
+    async fn arm(&mut self, max: std::time::Duration) {
+        // Rows of relays that stopped waiting long ago go in the same
+        // statement, so the table stays as small as the number of relays.
+        let armed = sqlx::query(concat!(
+            "WITH clock AS (SELECT ",
+            now_ms!(),
+            " AS now),\n",
+            "gone AS (DELETE FROM idem_outbox_sleepers WHERE until < (SELECT now FROM clock) - 60000)\n",
+            "INSERT INTO idem_outbox_sleepers (relay, until) SELECT $1, now + $2 FROM clock\n",
+            "ON CONFLICT (relay) DO UPDATE SET until = EXCLUDED.until"
+        ))
+        .bind(self.me.as_slice())
+        .bind(max.as_millis().min(i64::MAX as u128) as i64 + 1000)
+        .execute(&self.pool)
+        .await;
+        if let Err(e) = armed {
+            // Writers will not notify; the relay still polls.
+            tracing::debug!(error = %e, "outbox relay: could not register as waiting");
+        }
+    }
+
     async fn wait(&mut self) {
         // An error (the connection dropped) is a reason to look now; PgListener
         // reconnects and re-listens on the next call.
-        if let Err(e) = self.0.recv().await {
-            tracing::debug!(error = %e, "outbox relay: LISTEN connection lost");
-            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        loop {
+            match self.listener.recv().await {
+                Ok(n) if n.payload() == self.schema => return,
+                Ok(_) => {} // another schema's outbox
+                Err(e) => {
+                    tracing::debug!(error = %e, "outbox relay: LISTEN connection lost");
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                    return;
+                }
+            }
         }
     }
 }

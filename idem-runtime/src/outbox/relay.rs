@@ -279,13 +279,14 @@ impl<DB: OutboxDatabase> Relay<DB> {
             }
         }
         if !sent.is_empty() {
-            DB::mark_sent(&self.pool, &token, &sent)
+            // Fewer rows than confirmed: this relay's lease ran out while the
+            // broker answered and another relay has those messages now (they
+            // are published again, and counted there).
+            let marked = DB::mark_sent(&self.pool, &token, &sent)
                 .await
                 .map_err(store_error::<DB>)?;
-            round.published = sent.len();
-            self.counters
-                .published
-                .fetch_add(sent.len() as u64, Ordering::Relaxed);
+            round.published = marked as usize;
+            self.counters.published.fetch_add(marked, Ordering::Relaxed);
             for (topic, n) in sent_topics {
                 metrics::counter!("idem_outbox_published_total", "topic" => topic.to_owned())
                     .increment(n);
@@ -377,6 +378,14 @@ impl<DB: OutboxDatabase> Relay<DB> {
                     return;
                 }
                 continue;
+            }
+            if let Some(w) = wakeup.as_mut() {
+                w.arm(self.s.poll).await;
+                // One more look: a commit between the last round and `arm`
+                // did not notify.
+                if matches!(self.run_once().await, Ok(r) if r.claimed > 0) {
+                    continue;
+                }
             }
             let idle = async {
                 match wakeup.as_mut() {

@@ -3,7 +3,10 @@
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
+use std::sync::Arc;
+
 use lapin::{BasicProperties, Channel};
+use tokio::sync::Mutex;
 
 use super::{Outgoing, Sink};
 use crate::consumer::BrokerError;
@@ -15,13 +18,14 @@ use crate::consumer::BrokerError;
 ///
 /// ```no_run
 /// # async fn go() -> Result<(), Box<dyn std::error::Error>> {
-/// let conn = idem_runtime::consumer::rabbitmq::connect("amqp://guest:guest@127.0.0.1:5672/%2f").await?;
-/// let sink = idem_runtime::outbox::sink::RabbitMqSink::new(conn.create_channel().await?).await?;
+/// let sink = idem_runtime::outbox::sink::RabbitMqSink::connect("amqp://guest:guest@127.0.0.1:5672/%2f").await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
 pub struct RabbitMqSink {
-    channel: Channel,
+    channel: Arc<Mutex<Channel>>,
+    /// Where to connect again after the connection closed (`connect` only).
+    url: Option<Arc<str>>,
     exchange: String,
 }
 
@@ -29,16 +33,42 @@ fn broker(e: lapin::Error) -> BrokerError {
     BrokerError::new("rabbitmq", e)
 }
 
+async fn confirming(channel: &Channel) -> Result<(), BrokerError> {
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .map_err(broker)
+}
+
+async fn open(url: &str) -> Result<Channel, BrokerError> {
+    let conn = crate::consumer::rabbitmq::connect(url).await?;
+    let channel = conn.create_channel().await.map_err(broker)?;
+    confirming(&channel).await?;
+    Ok(channel)
+}
+
 impl RabbitMqSink {
     /// On a channel of its own (put in confirm mode here), publishing to the
     /// default exchange: the topic is the queue's name.
+    /// A closed channel stays closed: use [`RabbitMqSink::connect`] for a
+    /// sink that reconnects.
     pub async fn new(channel: Channel) -> Result<RabbitMqSink, BrokerError> {
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(broker)?;
+        confirming(&channel).await?;
         Ok(RabbitMqSink {
-            channel,
+            channel: Arc::new(Mutex::new(channel)),
+            url: None,
+            exchange: String::new(),
+        })
+    }
+
+    /// On a connection of its own to `url`, opened again (on the next
+    /// publish) after the broker closed it: a relay outlives a broker
+    /// restart, and the publishes meanwhile fail and are retried.
+    pub async fn connect(url: &str) -> Result<RabbitMqSink, BrokerError> {
+        let channel = open(url).await?;
+        Ok(RabbitMqSink {
+            channel: Arc::new(Mutex::new(channel)),
+            url: Some(url.into()),
             exchange: String::new(),
         })
     }
@@ -57,6 +87,23 @@ impl Sink for RabbitMqSink {
     }
 
     async fn publish(&self, batch: &[Outgoing]) -> Vec<Result<(), BrokerError>> {
+        let mut channel = self.channel.lock().await;
+        if let Some(url) = self
+            .url
+            .as_deref()
+            .filter(|_| !channel.status().connected())
+        {
+            match open(url).await {
+                Ok(fresh) => *channel = fresh,
+                Err(e) => {
+                    let why = e.to_string();
+                    return batch
+                        .iter()
+                        .map(|_| Err(BrokerError::new("rabbitmq", why.clone())))
+                        .collect();
+                }
+            }
+        }
         let mut pending = Vec::with_capacity(batch.len());
         for m in batch {
             let mut headers = FieldTable::default();
@@ -70,8 +117,7 @@ impl Sink for RabbitMqSink {
                 .with_delivery_mode(2)
                 .with_message_id(ShortString::from(m.id.as_str()))
                 .with_headers(headers);
-            let sent = self
-                .channel
+            let sent = channel
                 .basic_publish(
                     &self.exchange,
                     &m.topic,

@@ -1,6 +1,6 @@
 //! Publishing to Redis Streams: one `XADD` per message, pipelined.
 
-use redis::aio::MultiplexedConnection;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Value};
 
 use super::{Outgoing, Sink};
@@ -19,23 +19,29 @@ use crate::consumer::redis_streams::{MESSAGE_ID_FIELD, PAYLOAD_FIELD};
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
-pub struct RedisStreamsSink {
-    conn: MultiplexedConnection,
+pub struct RedisStreamsSink<C = ConnectionManager> {
+    conn: C,
     max_len: Option<usize>,
 }
 
 impl RedisStreamsSink {
-    /// On a connection of its own.
+    /// On a connection of its own that reconnects after Redis went away (a
+    /// relay outlives a Redis restart; the publishes meanwhile fail and are
+    /// retried).
     pub async fn connect(client: &Client) -> Result<RedisStreamsSink, BrokerError> {
-        let conn = client
-            .get_multiplexed_async_connection()
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(std::time::Duration::from_secs(5)))
+            .set_response_timeout(Some(std::time::Duration::from_secs(10)));
+        let conn = ConnectionManager::new_with_config(client.clone(), config)
             .await
             .map_err(|e| BrokerError::new("redis", e))?;
         Ok(RedisStreamsSink::new(conn))
     }
+}
 
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStreamsSink<C> {
     /// On a connection the application already has.
-    pub fn new(conn: MultiplexedConnection) -> RedisStreamsSink {
+    pub fn new(conn: C) -> RedisStreamsSink<C> {
         RedisStreamsSink {
             conn,
             max_len: None,
@@ -43,14 +49,14 @@ impl RedisStreamsSink {
     }
 
     /// Trims each stream to about `n` entries as it appends (`MAXLEN ~`).
-    pub fn max_len(mut self, n: usize) -> RedisStreamsSink {
+    pub fn max_len(mut self, n: usize) -> RedisStreamsSink<C> {
         self.max_len = Some(n);
         self
     }
 }
 
 #[async_trait::async_trait]
-impl Sink for RedisStreamsSink {
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> Sink for RedisStreamsSink<C> {
     fn name(&self) -> &'static str {
         "redis"
     }
