@@ -2,8 +2,11 @@
 //! and on a Redis Cluster (`IDEM_REDIS_CLUSTER_URLS`, started by
 //! `scripts/test`): the whole conformance suite on both, then what only a
 //! server can show — scripts reloaded after `SCRIPT FLUSH`, a re-sent claim
-//! recognised, and failing closed when Redis is unreachable, stops, or loses
-//! the connection between claim and complete.
+//! recognised, the completion's path (`SET … IFEQ` or the script, by server),
+//! and failing closed when Redis is unreachable, stops, or loses the
+//! connection between claim and complete. `scripts/test` runs this binary
+//! twice: on Redis 7 (script completion) and on Valkey 8.1 (`IDEM_REDIS_URL`
+//! and `IDEM_REDIS_SERVER` pointing at it; plain-command completion).
 //!
 //! Every store here gets a key prefix of its own, so runs and cases never see
 //! each other's records (and a purge in one case cannot delete another's). The
@@ -14,6 +17,7 @@
 //! `redis-server` of a test's own that several topics use are here.
 
 mod claim;
+mod completion;
 mod fail_closed;
 mod purge;
 mod records;
@@ -179,7 +183,10 @@ impl OwnRedis {
     }
 
     fn start_on(port: u16) -> Option<OwnRedis> {
-        let child = Command::new("redis-server")
+        // `IDEM_REDIS_SERVER`: the server binary of the run (scripts/test
+        // runs this binary once on Redis and once on Valkey).
+        let binary = std::env::var("IDEM_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        let child = Command::new(binary)
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .stdout(Stdio::null())

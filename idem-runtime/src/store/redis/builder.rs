@@ -40,6 +40,7 @@ pub struct RedisStoreBuilder {
     connection_timeout: Duration,
     response_timeout: Duration,
     reconnect_retries: usize,
+    script_completion: bool,
 }
 
 impl RedisStoreBuilder {
@@ -119,6 +120,20 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Completes with `complete.lua` even where the server takes `SET … IFEQ`
+    /// (by default a plain command there: see
+    /// [`RedisStore::completes_with_set_ifeq`]). For comparisons, or a proxy
+    /// in front of the server that passes `SET` but mangles `IFEQ`.
+    ///
+    /// ```
+    /// let builder = idem_runtime::store::redis::RedisStore::builder().script_completion();
+    /// # let _ = builder;
+    /// ```
+    pub fn script_completion(mut self) -> Self {
+        self.script_completion = true;
+        self
+    }
+
     /// Connects to a single node (`redis://[:password@]host[:port][/db]`,
     /// `rediss://…` where TLS is built in, `unix://…`). Fails if the server
     /// cannot be reached; afterwards the store reconnects by itself.
@@ -139,13 +154,15 @@ impl RedisStoreBuilder {
         let manager = ConnectionManager::new_with_config(client, self.manager_config())
             .await
             .map_err(|e| StoreError::new(SINGLE, &location, e))?;
-        Ok(self.finish(Connection::Single(manager), SINGLE, location))
+        self.finish(Connection::Single(manager), SINGLE, location)
+            .await
     }
 
     /// Like [`connect`](Self::connect), but connects on first use: a service
     /// can start while Redis is still down, and its calls fail with
     /// `Error::Store` (without running their bodies) until Redis is up. Only
-    /// a malformed URL fails here. Call it inside a Tokio runtime.
+    /// a malformed URL fails here. Call it inside a Tokio runtime. With no
+    /// server to ask at start, completions use `complete.lua` on every server.
     ///
     /// ```no_run
     /// use idem_runtime::store::redis::RedisStore;
@@ -162,7 +179,9 @@ impl RedisStoreBuilder {
             redis::Client::open(info).map_err(|e| StoreError::new(SINGLE, &location, e))?;
         let manager = ConnectionManager::new_lazy_with_config(client, self.manager_config())
             .map_err(|e| StoreError::new(SINGLE, &location, e))?;
-        Ok(self.finish(Connection::Single(manager), SINGLE, location))
+        // Nothing to ask yet: completions take the script, which every
+        // server runs.
+        Ok(self.build(Connection::Single(manager), SINGLE, location, false))
     }
 
     /// Connects to a Redis Cluster through any of its nodes (all URLs share
@@ -211,7 +230,8 @@ impl RedisStoreBuilder {
             .get_async_connection()
             .await
             .map_err(|e| StoreError::new(CLUSTER, &location, e))?;
-        Ok(self.finish(Connection::Cluster(conn), CLUSTER, location))
+        self.finish(Connection::Cluster(conn), CLUSTER, location)
+            .await
     }
 
     fn manager_config(&self) -> ConnectionManagerConfig {
@@ -237,7 +257,26 @@ impl RedisStoreBuilder {
         Ok(())
     }
 
-    fn finish(self, conn: Connection, backend: &'static str, location: String) -> RedisStore {
+    async fn finish(
+        self,
+        conn: Connection,
+        backend: &'static str,
+        location: String,
+    ) -> Result<RedisStore, StoreError> {
+        let set_ifeq = !self.script_completion
+            && takes_set_ifeq(conn.clone(), &self.key_prefix)
+                .await
+                .map_err(|e| StoreError::new(backend, &location, e))?;
+        Ok(self.build(conn, backend, location, set_ifeq))
+    }
+
+    fn build(
+        self,
+        conn: Connection,
+        backend: &'static str,
+        location: String,
+        set_ifeq: bool,
+    ) -> RedisStore {
         RedisStore {
             inner: Arc::new(Inner {
                 conn,
@@ -245,8 +284,34 @@ impl RedisStoreBuilder {
                 location,
                 key_prefix: self.key_prefix,
                 max_result_bytes: self.max_result_bytes,
+                set_ifeq,
+                held: super::complete::Held::new(),
             }),
         }
+    }
+}
+
+/// Whether the server accepts `SET … IFEQ`: a conditional set of a key that
+/// does not exist writes nothing and answers nil where it does, and a syntax
+/// error where it does not. (A cluster is asked through the node owning the
+/// probe key; its nodes are assumed to run one version.)
+async fn takes_set_ifeq(mut conn: Connection, prefix: &str) -> Result<bool, redis::RedisError> {
+    let probe: Result<Option<Vec<u8>>, redis::RedisError> = redis::cmd("SET")
+        .arg(format!("{prefix}{{ifeq-probe}}"))
+        .arg("")
+        .arg("IFEQ")
+        .arg("a value nobody writes")
+        .query_async(&mut conn)
+        .await;
+    match probe {
+        Ok(_) => Ok(true),
+        Err(e)
+            if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError)
+                || e.code().is_some() =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -315,6 +380,7 @@ impl RedisStore {
             connection_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(2),
             reconnect_retries: 3,
+            script_completion: false,
         }
     }
 }

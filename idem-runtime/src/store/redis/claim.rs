@@ -52,6 +52,7 @@ impl RedisStore {
             .await
             .map_err(|e| self.err_at(&key, e))?;
         let Some(found) = found else {
+            self.hold(req, record);
             return Ok(Claim::Acquired {
                 fence: 1,
                 takeover: false,
@@ -59,13 +60,31 @@ impl RedisStore {
         };
         match record::decode(&found).map_err(|e| self.unreadable(&key, e))? {
             Record::Done { result, .. } => Ok(Claim::Done(result)),
-            Record::Processing { token, fence } if token == req.token => Ok(Claim::Acquired {
-                fence,
-                takeover: false,
-            }),
-            Record::Processing { .. } | Record::Released => {
-                self.reclaim(&key, &record[..head], lease, ttl).await
+            Record::Processing { token, fence } if token == req.token => {
+                self.hold(req, found);
+                Ok(Claim::Acquired {
+                    fence,
+                    takeover: false,
+                })
             }
+            Record::Processing { .. } | Record::Released => {
+                let claim = self.reclaim(&key, &record[..head], lease, ttl).await?;
+                if let Claim::Acquired { fence, .. } = claim {
+                    self.hold(
+                        req,
+                        record::processing_at(&record[..head], fence, ttl, lease),
+                    );
+                }
+                Ok(claim)
+            }
+        }
+    }
+
+    /// Keeps the PROCESSING record this claim wrote, for a completion by
+    /// `SET … IFEQ` (complete.rs).
+    fn hold(&self, req: ClaimRequest<'_>, value: Vec<u8>) {
+        if self.inner.set_ifeq {
+            self.inner.held.insert(req.key, req.token, value);
         }
     }
 

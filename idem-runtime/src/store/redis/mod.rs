@@ -8,7 +8,8 @@
 //! margin before it, so no operation needs to read a clock.
 //!
 //! One file per operation, next to this one: `claim.rs` (one plain
-//! `SET … NX PX … GET`, and `reclaim.lua` on its rare path), `complete.lua`,
+//! `SET … NX PX … GET`, and `reclaim.lua` on its rare path), `complete.rs`
+//! (one plain `SET … IFEQ` where the server has it) and `complete.lua`,
 //! `release.lua`, `renew.lua`, `inspect.lua`, `purge.lua` and `evict.lua`. Scripts run
 //! with `EVALSHA` and are loaded again by themselves when the server answers
 //! `NOSCRIPT` (after a restart, a failover or `SCRIPT FLUSH`). Around them:
@@ -22,8 +23,9 @@
 //!   two commands (the reference flow kept status and result in two keys
 //!   written one after the other);
 //! - the claim is a plain command, the cheapest thing Redis runs: a first
-//!   call costs one `SET` and one `EVALSHA` (the compare-and-set completion),
-//!   a replay one `SET`;
+//!   call costs one `SET` and one `EVALSHA` (the compare-and-set completion;
+//!   on servers with `SET … IFEQ`, a second plain `SET`: complete.rs), a
+//!   replay one `SET`;
 //! - a lease separate from the ttl: a crashed owner blocks its key for the
 //!   lease, not for the whole ttl, and its record stays until the ttl, so a
 //!   takeover counts on from its fence;
@@ -47,6 +49,7 @@
 
 mod builder;
 mod claim;
+mod complete;
 mod connection;
 mod record;
 mod reply;
@@ -71,7 +74,8 @@ use reply::{RecordError, decode_record};
 
 pub use builder::RedisStoreBuilder;
 
-/// The scripts, hashed once per process.
+/// The scripts, hashed once per process (`complete.lua` runs only where the
+/// server has no `SET … IFEQ`: complete.rs).
 struct Scripts {
     complete: Script,
     release: Script,
@@ -123,6 +127,10 @@ struct Inner {
     location: String,
     key_prefix: String,
     max_result_bytes: usize,
+    /// The server takes `SET … IFEQ` (complete.rs), and the store uses it.
+    set_ifeq: bool,
+    /// The PROCESSING records held, for `IFEQ` (empty without it).
+    held: complete::Held,
 }
 
 impl fmt::Debug for RedisStore {
@@ -132,6 +140,7 @@ impl fmt::Debug for RedisStore {
             .field("location", &self.inner.location)
             .field("key_prefix", &self.inner.key_prefix)
             .field("max_result_bytes", &self.inner.max_result_bytes)
+            .field("set_ifeq", &self.inner.set_ifeq)
             .finish()
     }
 }
@@ -163,6 +172,20 @@ impl RedisStore {
         .expect("64 bytes hold 32 in hex");
         name[prefix.len() + 65] = b'}';
         String::from_utf8(name).expect("the prefix is a str and hex is ASCII")
+    }
+
+    /// Whether completions are one `SET … IFEQ` (Valkey ≥ 8.1, Redis ≥ 8.4,
+    /// learnt at connect) rather than `complete.lua`.
+    ///
+    /// ```no_run
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let store = idem_runtime::store::redis::RedisStore::connect("redis://127.0.0.1:6379").await?;
+    /// println!("plain-command completion: {}", store.completes_with_set_ifeq());
+    /// # Ok::<(), idem_runtime::StoreError>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn completes_with_set_ifeq(&self) -> bool {
+        self.inner.set_ifeq
     }
 
     fn conn(&self) -> Connection {
@@ -243,25 +266,34 @@ impl Store for RedisStore {
         token: Token,
         completion: Completion<'_>,
     ) -> Result<bool, StoreError> {
-        let code = [b'0' + completion.outcome.code()];
-        let ttl = millis(completion.ttl).to_string();
-        self.fenced(
-            &SCRIPTS.complete,
-            key,
-            &[token.as_bytes(), &code, completion.payload, ttl.as_bytes()],
-        )
-        .await
+        self.complete_record(key, token, completion).await
     }
 
     async fn release(&self, key: &Key, token: Token) -> Result<bool, StoreError> {
+        if self.inner.set_ifeq {
+            self.inner.held.take(key, token);
+        }
         self.fenced(&SCRIPTS.release, key, &[token.as_bytes()])
             .await
     }
 
     async fn renew(&self, key: &Key, token: Token, lease: Duration) -> Result<bool, StoreError> {
-        let lease = millis(lease).to_string();
-        self.fenced(&SCRIPTS.renew, key, &[token.as_bytes(), lease.as_bytes()])
+        let name = self.redis_key(key);
+        let margin: i64 = SCRIPTS
+            .renew
+            .key(&name)
+            .arg(token.as_bytes())
+            .arg(millis(lease).to_string())
+            .invoke_async(&mut self.conn())
             .await
+            .map_err(|e| self.err_at(&name, e))?;
+        if margin <= 0 {
+            return Ok(false);
+        }
+        if self.inner.set_ifeq {
+            self.inner.held.renewed(key, token, (margin - 1) as u64);
+        }
+        Ok(true)
     }
 
     /// One `EVALSHA inspect.lua`: the value and its expiry, read together.

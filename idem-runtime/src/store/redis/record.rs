@@ -65,6 +65,46 @@ pub(super) fn push_processing_tail(head: &mut Vec<u8>, ttl_ms: u64, lives_ms: u6
         .expect("writing to a Vec cannot fail");
 }
 
+/// The DONE record that replaces the PROCESSING record `v` (same token,
+/// fingerprint and fence) with the outcome `code` (an ASCII digit) and
+/// `payload`: what `complete.lua` writes, built by the owner for `SET …
+/// IFEQ`.
+pub(super) fn done_from_processing(v: &[u8], code: u8, payload: &[u8]) -> Option<Vec<u8>> {
+    if v.get(..2) != Some(b"P1") {
+        return None;
+    }
+    let (_, at) = fingerprint_at(v).ok()?;
+    let (fence, _) = number(&v[at..], Some(b':')).ok()?;
+    let mut done = Vec::with_capacity(at + 24 + payload.len());
+    done.extend_from_slice(b"D1");
+    done.extend_from_slice(&v[2..at]);
+    std::io::Write::write_fmt(&mut done, format_args!("{fence}:"))
+        .expect("writing to a Vec cannot fail");
+    done.push(code);
+    done.push(b':');
+    done.extend_from_slice(payload);
+    Some(done)
+}
+
+/// Rewrites the margin at the end of the PROCESSING record `v`, as
+/// `renew.lua` did on the server.
+pub(super) fn set_margin(v: &mut Vec<u8>, margin: u64) {
+    if let Some(last) = v.iter().rposition(|&b| b == b':') {
+        v.truncate(last + 1);
+        std::io::Write::write_fmt(v, format_args!("{margin}"))
+            .expect("writing to a Vec cannot fail");
+    }
+}
+
+/// The PROCESSING record `reclaim.lua` writes for `head` at `fence`.
+pub(super) fn processing_at(head: &[u8], fence: u64, ttl_ms: u64, lease_ms: u64) -> Vec<u8> {
+    let mut v = head.to_vec();
+    let margin = ttl_ms.max(lease_ms) - lease_ms;
+    std::io::Write::write_fmt(&mut v, format_args!("{fence}:{ttl_ms}:{margin}"))
+        .expect("writing to a Vec cannot fail");
+    v
+}
+
 /// A value at a record's key that is not one of ours, or not whole.
 #[derive(Debug)]
 pub(super) struct Unreadable(pub(super) &'static str);
@@ -179,6 +219,31 @@ mod tests {
                 Record::Processing { token: t, fence: 1 }
             );
             assert_eq!(processing_tail(&v).unwrap(), (1, 600_000, 570_000));
+        }
+    }
+
+    #[test]
+    fn the_done_record_built_for_ifeq_is_what_complete_lua_writes() {
+        let t = Token::from_bytes([9; 16]);
+        for fp in [None, Some(Fingerprint::from_bytes([7; 32]))] {
+            let mut v = processing_head(t, fp);
+            v.extend_from_slice(b"42:600000:570000");
+            let done = done_from_processing(&v, b'1', b"\x00{}").unwrap();
+            let Record::Done {
+                token,
+                fence,
+                result,
+            } = decode(&done).unwrap()
+            else {
+                panic!("not DONE");
+            };
+            assert_eq!((token, fence, result.fingerprint), (t, 42, fp));
+            assert_eq!(result.payload, b"\x00{}");
+            let mut renewed = v.clone();
+            set_margin(&mut renewed, 12);
+            assert_eq!(processing_tail(&renewed).unwrap(), (42, 600_000, 12));
+            let head = processing_head(t, fp);
+            assert_eq!(processing_at(&head, 42, 600_000, 30_000), v);
         }
     }
 

@@ -5,7 +5,9 @@
 -- ARGV[1]  the owner token
 -- ARGV[2]  the new lease, milliseconds from now
 --
--- Returns 1 if it did, 0 if the token no longer owns a PROCESSING record.
+-- Returns 0 if the token no longer owns a PROCESSING record, else the new
+-- margin plus one (the owner keeps the exact record it holds, for a
+-- completion by `SET … IFEQ`; complete.rs).
 --
 -- The key's expiry moves to the claim's ttl counted from now (never sooner
 -- than it was, never before the new lease end): a body that heartbeats is
@@ -31,4 +33,4 @@ local lives = math.max(redis.call('PTTL', key), tonumber(ttl), lease)
 redis.call('SET', key,
   string.sub(v, 1, at - 1) .. fence .. ':' .. ttl .. ':' .. string.format('%d', lives - lease),
   'PX', string.format('%d', lives))
-return 1
+return lives - lease + 1
