@@ -32,7 +32,11 @@
 //! - Redis, two bodies: `pure` (builds the order, no I/O) and `incr` (one real
 //!   Redis round trip, an `INCR`). (a) the body alone; (b) the body under
 //!   `#[idempotent]` on the Redis store; (c) a faithful port of the reference
-//!   notes' Redis flow (SET NX, GET on a duplicate, SET result, SET DONE).
+//!   notes' Redis flow (SET NX, GET on a duplicate, SET result, SET DONE);
+//!   (f) the design's floor, the store's two commands with nothing around
+//!   them (`SET … NX PX … GET`, then `SET … IFEQ … PX` on Valkey ≥ 8.1 /
+//!   Redis ≥ 8.4 or `complete.lua` elsewhere). The three sides take turns
+//!   going first.
 //!   Columns: client CPU per call (this process, user+system), server CPU per
 //!   call (the redis-server process, when it runs on this machine), and round
 //!   trips per call counted by the server with `MONITOR` on a separate sample
@@ -149,6 +153,69 @@ async fn reference_flow(
     let _: () = conn.set_ex(format!("{key}:result"), json, TTL).await?;
     let _: () = conn.set_ex(&key, "DONE", TTL).await?;
     Ok(order)
+}
+
+/// Measurement (f), the design's floor: the store's two commands with
+/// nothing around them, the claim's `SET … NX PX … GET` and the completion
+/// (`SET … IFEQ … PX` where the server has it, `complete.lua` elsewhere, as
+/// the store chooses). What the protocol adds is the distance from (f) to (b).
+async fn floor_flow(
+    conn: &mut ConnectionManager,
+    io: Option<&ConnectionManager>,
+    ifeq: bool,
+    run: u64,
+    id: u64,
+) -> Result<(), BenchError> {
+    static COMPLETE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+        redis::Script::new(include_str!(
+            "../../idem-runtime/src/store/redis/complete.lua"
+        ))
+    });
+    const TTL_MS: u64 = 86_400_000;
+    let key = format!("bench-floor:{{{run}:{id}}}");
+    let token = [7u8; 16];
+    let mut rec = b"P1".to_vec();
+    rec.extend_from_slice(&token);
+    rec.extend_from_slice(b"-1:86400000:86370000");
+    let found: Option<Vec<u8>> = redis::cmd("SET")
+        .arg(&key)
+        .arg(&rec)
+        .arg("NX")
+        .arg("PX")
+        .arg(TTL_MS)
+        .arg("GET")
+        .query_async(conn)
+        .await?;
+    assert!(found.is_none());
+    let order = body(io, id).await?;
+    let json = serde_json::to_vec(&order).expect("order encodes");
+    if ifeq {
+        let mut done = b"D1".to_vec();
+        done.extend_from_slice(&token);
+        done.extend_from_slice(b"-1:0:");
+        done.extend_from_slice(&json);
+        let written: Option<String> = redis::cmd("SET")
+            .arg(&key)
+            .arg(done)
+            .arg("IFEQ")
+            .arg(&rec)
+            .arg("PX")
+            .arg(TTL_MS)
+            .query_async(conn)
+            .await?;
+        assert!(written.is_some());
+    } else {
+        let done: i64 = COMPLETE
+            .key(&key)
+            .arg(&token[..])
+            .arg(0)
+            .arg(json)
+            .arg(TTL_MS)
+            .invoke_async(conn)
+            .await?;
+        assert_eq!(done, 1);
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------
@@ -484,6 +551,11 @@ fn median(mut cells: Vec<Cell>) -> Cell {
     cells.swap_remove(cells.len() / 2)
 }
 
+fn median_of(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs.get(xs.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
 fn ratio_spread(b: &[Cell], c: &[Cell]) -> (f64, f64) {
     let ratios: Vec<f64> = b
         .iter()
@@ -622,11 +694,19 @@ async fn redis_section(
         .arg("server")
         .query_async(&mut admin)
         .await?;
+    // Valkey says both; its own is the one that matters.
     let version = info
         .lines()
-        .find_map(|l| l.strip_prefix("redis_version:"))
-        .unwrap_or("?")
-        .to_owned();
+        .find_map(|l| {
+            l.strip_prefix("valkey_version:")
+                .map(|v| format!("Valkey {v}"))
+        })
+        .or_else(|| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("redis_version:"))
+                .map(|v| format!("Redis {v}"))
+        })
+        .unwrap_or_else(|| "?".to_owned());
     // The server's CPU is read from /proc when it runs on this machine.
     let pid = info
         .lines()
@@ -634,7 +714,7 @@ async fn redis_section(
         .map(str::to_owned)
         .filter(|p| {
             std::fs::read_to_string(format!("/proc/{p}/comm"))
-                .is_ok_and(|c| c.starts_with("redis-server"))
+                .is_ok_and(|c| c.starts_with("redis-server") || c.starts_with("valkey-server"))
         });
     let io_conn = client.get_connection_manager().await?;
     let reference = client.get_connection_manager().await?;
@@ -651,41 +731,10 @@ async fn redis_section(
         let cell = if side == "floor" {
             // The store's two commands with nothing around them: what the
             // protocol costs is the distance from here to `idem`.
-            let r = reference.clone();
-            let complete = Arc::new(redis::Script::new(include_str!(
-                "../../idem-runtime/src/store/redis/complete.lua"
-            )));
+            let (r, ifeq) = (reference.clone(), store.completes_with_set_ifeq());
             measure(c, many, move |id| {
-                let (mut r, complete) = (r.clone(), complete.clone());
-                async move {
-                    let key = format!("bench-floor:{{{run}:{id}}}");
-                    let token = [7u8; 16];
-                    let mut rec = b"P1".to_vec();
-                    rec.extend_from_slice(&token);
-                    rec.extend_from_slice(b"-1:86400000:86370000");
-                    let found: Option<Vec<u8>> = redis::cmd("SET")
-                        .arg(&key)
-                        .arg(rec)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(86_400_000u64)
-                        .arg("GET")
-                        .query_async(&mut r)
-                        .await?;
-                    assert!(found.is_none());
-                    let order = body(None, id).await?;
-                    let json = serde_json::to_vec(&order).expect("order encodes");
-                    let done: i64 = complete
-                        .key(&key)
-                        .arg(&token[..])
-                        .arg(0)
-                        .arg(json)
-                        .arg(86_400_000u64)
-                        .invoke_async(&mut r)
-                        .await?;
-                    assert_eq!(done, 1);
-                    Ok(())
-                }
+                let mut r = r.clone();
+                async move { floor_flow(&mut r, None, ifeq, run, id).await }
             })
             .await
         } else if side == "reference" {
@@ -720,7 +769,7 @@ async fn redis_section(
             io: io.clone(),
         });
         header(&format!(
-            "Redis {version} (loopback), body `{body_name}`, fresh key per call, {many} calls ({calls_c1} at c=1) x {rounds} rounds"
+            "{version} (loopback), body `{body_name}`, fresh key per call, {many} calls ({calls_c1} at c=1) x {rounds} rounds"
         ));
         let mut details = Vec::new();
         for (cell, c) in [1usize, 16, 64].into_iter().enumerate() {
@@ -734,33 +783,48 @@ async fn redis_section(
                 }
             })
             .await;
-            let (mut bs, mut cs) = (Vec::new(), Vec::new());
+            let (mut bs, mut cs, mut fs) = (Vec::new(), Vec::new(), Vec::new());
+            let ifeq = store.completes_with_set_ifeq();
             for round in 0..rounds {
                 // Ids restart in every measurement: give each its own keys.
                 let run = run * 1000 + b as u64 * 100 + cell as u64 * 10 + round as u64;
-                for which in [round % 2, 1 - round % 2] {
+                // The three sides take turns going first.
+                for which in [0usize, 1, 2].map(|k| (k + round) % 3) {
                     let before = server_snapshot(&mut admin, &pid).await;
-                    let mut measured = if which == 0 {
-                        let s = svc.clone();
-                        measure(c, calls, move |id| {
-                            let s = s.clone();
-                            async move { s.create(run, id).await.map(drop) }
-                        })
-                        .await
-                    } else {
-                        let (r, io) = (reference.clone(), io.clone());
-                        measure(c, calls, move |id| {
-                            let (mut r, io) = (r.clone(), io.clone());
-                            async move { reference_flow(&mut r, io.as_ref(), run, id).await.map(drop) }
-                        })
-                        .await
+                    let mut measured = match which {
+                        0 => {
+                            let s = svc.clone();
+                            measure(c, calls, move |id| {
+                                let s = s.clone();
+                                async move { s.create(run, id).await.map(drop) }
+                            })
+                            .await
+                        }
+                        1 => {
+                            let (r, io) = (reference.clone(), io.clone());
+                            measure(c, calls, move |id| {
+                                let (mut r, io) = (r.clone(), io.clone());
+                                async move {
+                                    reference_flow(&mut r, io.as_ref(), run, id).await.map(drop)
+                                }
+                            })
+                            .await
+                        }
+                        _ => {
+                            let (r, io) = (reference.clone(), io.clone());
+                            measure(c, calls, move |id| {
+                                let (mut r, io) = (r.clone(), io.clone());
+                                async move { floor_flow(&mut r, io.as_ref(), ifeq, run, id).await }
+                            })
+                            .await
+                        }
                     };
                     let after = server_snapshot(&mut admin, &pid).await;
                     diff(&before, &after, &mut measured);
-                    if which == 0 {
-                        bs.push(measured);
-                    } else {
-                        cs.push(measured);
+                    match which {
+                        0 => bs.push(measured),
+                        1 => cs.push(measured),
+                        _ => fs.push(measured),
                     }
                 }
             }
@@ -786,7 +850,19 @@ async fn redis_section(
             })
             .await;
             let spread = ratio_spread(&bs, &cs);
-            let (bm, cm) = (median(bs), median(cs));
+            let floor_spread = ratio_spread(&bs, &fs);
+            let fm_ref = ratio_spread(&fs, &cs);
+            let b_over_f: Vec<f64> = bs
+                .iter()
+                .zip(&fs)
+                .map(|(b, f)| b.throughput() / f.throughput())
+                .collect();
+            let f_over_c: Vec<f64> = fs
+                .iter()
+                .zip(&cs)
+                .map(|(f, c)| f.throughput() / c.throughput())
+                .collect();
+            let (bm, cm, fm) = (median(bs), median(cs), median(fs));
             let (ta, tc) = (a.throughput(), cm.throughput());
             let body_rt = if io.is_some() { "1" } else { "0" };
             row("(a) body alone", c, &a, ta, None, body_rt);
@@ -806,11 +882,28 @@ async fn redis_section(
                 None,
                 &format!("{c_rt:.2}"),
             );
-            details.push((c, bm, cm));
+            row(
+                "(f) floor: the 2 commands",
+                c,
+                &fm,
+                ta,
+                Some((fm.throughput() / tc, fm_ref)),
+                "2.00",
+            );
+            println!(
+                "    (b) / (f) = {:.2} [{:.2}-{:.2}] (median of rounds {:.2}); (f) / (c) median of rounds {:.2}",
+                bm.throughput() / fm.throughput(),
+                floor_spread.0,
+                floor_spread.1,
+                median_of(b_over_f),
+                median_of(f_over_c),
+            );
+            details.push((c, bm, cm, fm));
         }
-        for (c, bm, cm) in &details {
+        for (c, bm, cm, fm) in &details {
             commands_line(&format!("(b) c={c}"), bm);
             commands_line(&format!("(c) c={c}"), cm);
+            commands_line(&format!("(f) c={c}"), fm);
         }
     }
     let _: () = redis::cmd("FLUSHDB")
