@@ -11,17 +11,18 @@ mod crash;
 mod scenarios;
 mod sinks;
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::str::FromStr;
-use std::sync::{LazyLock, Mutex, OnceLock};
+use std::sync::OnceLock;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use idem_runtime::outbox::{self, Backlog, OutboxDatabase};
 use idem_runtime::store::Token;
 use idem_runtime::store::sql::{MySqlStore, PgStore, SqliteStore};
 use idem_tests::services;
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics::Key;
+use metrics_util::registry::{AtomicStorage, Registry};
 use sqlx::mysql::MySqlConnectOptions;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{MySql, Pool, Postgres, Sqlite};
@@ -155,37 +156,81 @@ pub async fn backlog_of<DB: OutboxDatabase>(pool: &Pool<DB>, topic: &str) -> Bac
 
 /// A recorder for the whole binary: relays set gauges from their own tasks,
 /// which a thread-local recorder would not see. Tests read their own topic's
-/// labels only.
-pub fn recorder() -> &'static Snapshotter {
-    static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
-    SNAPSHOTTER.get_or_init(|| {
-        let recorder = DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        recorder.install().expect("install the test recorder");
-        snapshotter
+/// labels only. Values are read, never reset (`DebuggingRecorder` resets each
+/// one it reports, so one test's read would zero another's gauge).
+pub fn recorder() -> &'static Registry<Key, AtomicStorage> {
+    static REGISTRY: OnceLock<&'static Registry<Key, AtomicStorage>> = OnceLock::new();
+    REGISTRY.get_or_init(|| {
+        let registry: &'static Registry<Key, AtomicStorage> =
+            Box::leak(Box::new(Registry::atomic()));
+        metrics::set_global_recorder(Reading(registry)).expect("install the test recorder");
+        registry
     })
 }
 
-/// The gauge's last value, or the counter's total, for `name` labelled
-/// `topic`. A snapshot hands out counters' increments since the last one, so
-/// totals are kept here.
-pub fn metric(name: &str, topic: &str) -> Option<f64> {
-    static TOTALS: LazyLock<Mutex<HashMap<(String, String), f64>>> = LazyLock::new(Mutex::default);
-    let mut totals = TOTALS.lock().unwrap();
-    for (key, _, _, value) in recorder().snapshot().into_vec() {
-        let Some(label) = key.key().labels().find(|l| l.key() == "topic") else {
-            continue;
-        };
-        let slot = (key.key().name().to_owned(), label.value().to_owned());
-        match value {
-            DebugValue::Gauge(g) => {
-                totals.insert(slot, g.into_inner());
-            }
-            DebugValue::Counter(c) => *totals.entry(slot).or_default() += c as f64,
-            DebugValue::Histogram(_) => {}
-        }
+struct Reading(&'static Registry<Key, AtomicStorage>);
+
+impl metrics::Recorder for Reading {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
     }
-    totals.get(&(name.to_owned(), topic.to_owned())).copied()
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+
+    fn register_counter(&self, key: &Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        self.0
+            .get_or_create_counter(key, |c| metrics::Counter::from_arc(c.clone()))
+    }
+
+    fn register_gauge(&self, key: &Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        self.0
+            .get_or_create_gauge(key, |g| metrics::Gauge::from_arc(g.clone()))
+    }
+
+    fn register_histogram(&self, key: &Key, _: &metrics::Metadata<'_>) -> metrics::Histogram {
+        self.0
+            .get_or_create_histogram(key, |h| metrics::Histogram::from_arc(h.clone()))
+    }
+}
+
+fn labelled(key: &Key, name: &str, topic: &str) -> bool {
+    key.name() == name
+        && key
+            .labels()
+            .any(|l| l.key() == "topic" && l.value() == topic)
+}
+
+/// The gauge's value, or the counter's, for `name` labelled `topic`.
+pub fn metric(name: &str, topic: &str) -> Option<f64> {
+    let registry = recorder();
+    let counter = registry
+        .get_counter_handles()
+        .into_iter()
+        .find(|(k, _)| labelled(k, name, topic))
+        .map(|(_, c)| c.load(Ordering::SeqCst) as f64);
+    counter.or_else(|| {
+        registry
+            .get_gauge_handles()
+            .into_iter()
+            .find(|(k, _)| labelled(k, name, topic))
+            .map(|(_, g)| f64::from_bits(g.load(Ordering::SeqCst)))
+    })
 }
 
 /// Declares `#[tokio::test]`s running a scenario on each dialect.
