@@ -121,6 +121,10 @@ async fn idem_handler(pool: &PgPool, e: OrderPaid) -> Result<(), BenchError> {
 /// transaction; a dedup row already there means the message was processed.
 async fn reference_handler(pool: &PgPool, body: &[u8]) -> Result<(), BenchError> {
     let e: OrderPaid = serde_json::from_slice(body).expect("a bench message");
+    reference_tx(pool, &e).await
+}
+
+async fn reference_tx(pool: &PgPool, e: &OrderPaid) -> Result<(), BenchError> {
     let mut tx = pool.begin().await?;
     let fresh = sqlx::query("INSERT INTO bench_dedup (msg_key) VALUES ($1) ON CONFLICT DO NOTHING")
         .bind(&e.order_id)
@@ -129,17 +133,24 @@ async fn reference_handler(pool: &PgPool, body: &[u8]) -> Result<(), BenchError>
         .rows_affected()
         == 1;
     if fresh {
-        insert_settlement(&mut tx, &e).await?;
+        insert_settlement(&mut tx, e).await?;
     }
     tx.commit().await?;
     Ok(())
 }
 
-/// Runs idem's consumer until `n` messages are acked.
-async fn idem_side<S: Source>(source: S, pool: &PgPool, c: usize, n: u64) -> Duration {
+/// Runs idem's consumer until `n` messages are acked; with `store` false its
+/// handler is the hand-written transaction (the runner and the adapter alone).
+async fn idem_side<S: Source>(source: S, pool: &PgPool, c: usize, n: u64, store: bool) -> Duration {
     let runner = Runner::new("bench.consumers.settle", "SETTLE").concurrency(c);
     let started = Instant::now();
-    let run = runner.run(source, |e: OrderPaid| idem_handler(pool, e));
+    let run = runner.run(source, |e: OrderPaid| async move {
+        if store {
+            idem_handler(pool, e).await
+        } else {
+            reference_tx(pool, &e).await
+        }
+    });
     let done = async {
         while runner.stats().acked < n {
             tokio::time::sleep(Duration::from_millis(1)).await;
@@ -312,7 +323,15 @@ impl Brokers {
     }
 
     /// idem's consumer on `topic`.
-    async fn idem(&self, broker: Broker, topic: &str, pool: &PgPool, c: usize, n: u64) -> Duration {
+    async fn idem(
+        &self,
+        broker: Broker,
+        topic: &str,
+        pool: &PgPool,
+        c: usize,
+        n: u64,
+        store: bool,
+    ) -> Duration {
         match broker {
             Broker::Redis => {
                 let source = RedisStreamsSource::builder(topic, GROUP, "idem")
@@ -320,7 +339,7 @@ impl Brokers {
                     .connect(&self.redis)
                     .await
                     .expect("Redis source");
-                idem_side(source, pool, c, n).await
+                idem_side(source, pool, c, n, store).await
             }
             Broker::Rabbit => {
                 let conn = rabbitmq::connect(&self.rabbit_url).await.expect("RabbitMQ");
@@ -330,7 +349,7 @@ impl Brokers {
                     .connect(channel)
                     .await
                     .expect("RabbitMQ source");
-                let t = idem_side(source, pool, c, n).await;
+                let t = idem_side(source, pool, c, n, store).await;
                 let _ = conn.close(200, "done").await;
                 t
             }
@@ -341,7 +360,7 @@ impl Brokers {
                         .connect(&self.js)
                         .await
                         .expect("JetStream source");
-                idem_side(source, pool, c, n).await
+                idem_side(source, pool, c, n, store).await
             }
         }
     }
@@ -474,6 +493,8 @@ impl Brokers {
 enum Side {
     Reference,
     Idem,
+    /// idem's runner and adapter around the hand-written transaction.
+    Runner,
 }
 
 async fn cell(
@@ -492,7 +513,8 @@ async fn cell(
     let run = tag.to_lowercase();
     brokers.fill(broker, &topic, &run, n).await?;
     let elapsed = match side {
-        Side::Idem => brokers.idem(broker, &topic, pool, c, n).await,
+        Side::Idem => brokers.idem(broker, &topic, pool, c, n, true).await,
+        Side::Runner => brokers.idem(broker, &topic, pool, c, n, false).await,
         Side::Reference => brokers.reference(broker, &topic, pool, c, n).await,
     };
     let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM bench_settlements")
@@ -564,8 +586,15 @@ async fn bench() -> Result<(), BoxError> {
         "{n} messages per cell, one PostgreSQL transaction each; median of {rounds} round(s); msgs/s"
     );
     println!(
-        "{:<18} {:>3} {:>12} {:>9} {:>15} {:>16}",
-        "broker", "c", "hand-written", "idem", "idem ÷ hand", "idem ÷ idem c=1"
+        "{:<18} {:>3} {:>12} {:>9} {:>15} {:>16} {:>9} {:>15}",
+        "broker",
+        "c",
+        "hand-written",
+        "idem",
+        "idem ÷ hand",
+        "idem ÷ idem c=1",
+        "runner",
+        "runner ÷ hand"
     );
     let mut serial = 0;
     for broker in [Broker::Redis, Broker::Rabbit, Broker::Nats] {
@@ -579,12 +608,12 @@ async fn bench() -> Result<(), BoxError> {
         }
         let mut idem_c1 = None;
         for &c in &concurrencies {
-            let (mut reference, mut idem) = (Vec::new(), Vec::new());
+            let (mut reference, mut idem, mut runner) = (Vec::new(), Vec::new(), Vec::new());
             for round in 0..rounds {
                 let order = if round % 2 == 0 {
-                    [Side::Reference, Side::Idem]
+                    [Side::Reference, Side::Runner, Side::Idem]
                 } else {
-                    [Side::Idem, Side::Reference]
+                    [Side::Idem, Side::Runner, Side::Reference]
                 };
                 for side in order {
                     serial += 1;
@@ -593,10 +622,11 @@ async fn bench() -> Result<(), BoxError> {
                     match side {
                         Side::Reference => reference.push(rate),
                         Side::Idem => idem.push(rate),
+                        Side::Runner => runner.push(rate),
                     }
                 }
             }
-            let (reference, idem) = (median(reference), median(idem));
+            let (reference, idem, runner) = (median(reference), median(idem), median(runner));
             if c == 1 {
                 idem_c1 = Some(idem);
             }
@@ -604,13 +634,17 @@ async fn bench() -> Result<(), BoxError> {
                 .filter(|_| c != 1)
                 .map_or(String::from("—"), |one| format!("{:.2}×", idem / one));
             println!(
-                "{:<18} {c:>3} {reference:>12.0} {idem:>9.0} {:>14.2}× {scale:>16}",
+                "{:<18} {c:>3} {reference:>12.0} {idem:>9.0} {:>14.2}× {scale:>16} {runner:>9.0} {:>14.2}×",
                 broker.name(),
-                idem / reference
+                idem / reference,
+                runner / reference
             );
         }
     }
     println!("load average at end: {}", load());
+    println!(
+        "runner: idem's Runner and adapter around the hand-written transaction (no #[idempotent]): what the runner costs apart from the store"
+    );
     println!(
         "statements per message: idem 5 (BEGIN, claim, INSERT, record, COMMIT), hand-written 4 (BEGIN, dedup row, INSERT, COMMIT)"
     );
