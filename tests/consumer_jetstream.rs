@@ -57,7 +57,11 @@ impl Broker for Nats {
             .unwrap();
     }
 
-    async fn consumer(&self, _name: &str) -> JetStreamSource {
+    async fn consumer(&self, name: &str) -> JetStreamSource {
+        self.consumer_for(name, 1).await
+    }
+
+    async fn consumer_for(&self, _name: &str, concurrency: usize) -> JetStreamSource {
         // A connection per consumer, as separate processes would have. The
         // ack wait is short so a dead consumer's message comes back quickly.
         let client = async_nats::connect(self.url.as_str()).await.unwrap();
@@ -67,6 +71,7 @@ impl Broker for Nats {
             &format!("{}.parked", self.subject),
         )
         .ack_wait(Duration::from_secs(2))
+        .batch(concurrency.max(10))
         .connect(&jetstream::new(client))
         .await
         .unwrap()
@@ -174,4 +179,22 @@ async fn effect_after_the_call_is_not_lost() {
 async fn crash_and_panic_are_parked() {
     let Some(b) = Nats::new().await else { return };
     idem_tests::consumer::crash_and_panic_are_parked(env!("CARGO_BIN_EXE_consumer_crash"), b).await;
+}
+
+#[tokio::test]
+async fn concurrency_keeps_n_in_flight() {
+    let Some(b) = Nats::new().await else { return };
+    idem_tests::consumer::concurrency_keeps_n_in_flight(b).await;
+}
+
+#[tokio::test]
+async fn one_key_twice_in_flight_runs_once() {
+    let Some(b) = Nats::new().await else { return };
+    idem_tests::consumer::one_key_twice_in_flight_runs_once(b).await;
+}
+
+#[tokio::test]
+async fn poison_is_parked_under_concurrency() {
+    let Some(b) = Nats::new().await else { return };
+    idem_tests::consumer::poison_is_parked_under_concurrency(b).await;
 }

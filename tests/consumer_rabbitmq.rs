@@ -68,11 +68,16 @@ impl Broker for Rabbit {
     }
 
     async fn consumer(&self, name: &str) -> RabbitMqSource {
-        let conn = rabbitmq::connect(&services::rabbitmq_url()).await.unwrap();
-        let channel = conn.create_channel().await.unwrap();
         // Prefetch 1: a consumer busy with one message leaves the rest to the
         // other, which the in-progress scenario relies on.
+        self.consumer_for(name, 1).await
+    }
+
+    async fn consumer_for(&self, name: &str, concurrency: usize) -> RabbitMqSource {
+        let conn = rabbitmq::connect(&services::rabbitmq_url()).await.unwrap();
+        let channel = conn.create_channel().await.unwrap();
         let source = RabbitMqSource::builder(&self.queue, name)
+            .prefetch(concurrency as u16)
             .connect(channel)
             .await
             .unwrap();
@@ -200,4 +205,22 @@ async fn effect_after_the_call_is_not_lost() {
 async fn crash_and_panic_are_parked() {
     let Some(b) = Rabbit::new().await else { return };
     idem_tests::consumer::crash_and_panic_are_parked(env!("CARGO_BIN_EXE_consumer_crash"), b).await;
+}
+
+#[tokio::test]
+async fn concurrency_keeps_n_in_flight() {
+    let Some(b) = Rabbit::new().await else { return };
+    idem_tests::consumer::concurrency_keeps_n_in_flight(b).await;
+}
+
+#[tokio::test]
+async fn one_key_twice_in_flight_runs_once() {
+    let Some(b) = Rabbit::new().await else { return };
+    idem_tests::consumer::one_key_twice_in_flight_runs_once(b).await;
+}
+
+#[tokio::test]
+async fn poison_is_parked_under_concurrency() {
+    let Some(b) = Rabbit::new().await else { return };
+    idem_tests::consumer::poison_is_parked_under_concurrency(b).await;
 }

@@ -54,11 +54,16 @@ impl Broker for Streams {
     }
 
     async fn consumer(&self, name: &str) -> RedisStreamsSource {
+        self.consumer_for(name, 1).await
+    }
+
+    async fn consumer_for(&self, name: &str, concurrency: usize) -> RedisStreamsSource {
         // Short idle and block times keep the suite quick; they bound the
         // delays, which is fine here.
         RedisStreamsSource::builder(&self.stream, &self.group, name)
             .claim_idle(Duration::from_millis(1500))
             .block(Duration::from_millis(200))
+            .batch(concurrency.max(10))
             .connect(&self.client)
             .await
             .unwrap()
@@ -179,4 +184,28 @@ async fn crash_and_panic_are_parked() {
         return;
     };
     idem_tests::consumer::crash_and_panic_are_parked(env!("CARGO_BIN_EXE_consumer_crash"), b).await;
+}
+
+#[tokio::test]
+async fn concurrency_keeps_n_in_flight() {
+    let Some(b) = Streams::new().await else {
+        return;
+    };
+    idem_tests::consumer::concurrency_keeps_n_in_flight(b).await;
+}
+
+#[tokio::test]
+async fn one_key_twice_in_flight_runs_once() {
+    let Some(b) = Streams::new().await else {
+        return;
+    };
+    idem_tests::consumer::one_key_twice_in_flight_runs_once(b).await;
+}
+
+#[tokio::test]
+async fn poison_is_parked_under_concurrency() {
+    let Some(b) = Streams::new().await else {
+        return;
+    };
+    idem_tests::consumer::poison_is_parked_under_concurrency(b).await;
 }

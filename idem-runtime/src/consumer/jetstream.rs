@@ -19,6 +19,10 @@
 //!   hand a message out again with its count gone back by one, so it can run
 //!   once more than `max_deliveries`.
 //!
+//! Under [`Runner::concurrency`](super::Runner::concurrency) `n`, up to `n`
+//! messages are in flight, each acked on its own; an `InProgress` one that
+//! is kept holds its slot while it waits.
+//!
 //! The server's `max_deliver` is left unlimited: the runner parks at
 //! `max_deliveries`, with the reason, where a server-side limit would drop the
 //! message silently.
@@ -88,7 +92,10 @@ impl JetStreamBuilder {
     }
 
     /// Messages pulled at once (default 10). Pulled messages wait in this
-    /// process, and their ack wait runs meanwhile.
+    /// process, and their ack wait runs meanwhile. About the runner's
+    /// [`concurrency`](super::Runner::concurrency) when that is higher: the
+    /// pull goes on as messages are handed out, so more than `batch` can be
+    /// in flight, but each pull then fills fewer slots.
     pub fn batch(mut self, n: usize) -> Self {
         self.batch = n.max(1);
         self

@@ -12,7 +12,9 @@
 //!   operator, with the reason in the header `x-idem-reason`.
 //!
 //! Deliveries are acked manually after the outcome is recorded, with a
-//! prefetch. A redelivery or a parked copy is published with publisher
+//! prefetch: at least the runner's
+//! [`concurrency`](super::Runner::concurrency), or fewer deliveries are in
+//! flight. A redelivery or a parked copy is published with publisher
 //! confirms before the original is acked: a crash in between leaves two
 //! copies, and the record makes the second a replay. Counted failures travel
 //! in the header `x-idem-failures`. A message the broker hands back because a
@@ -35,7 +37,8 @@
 //! let channel = conn.create_channel().await?;
 //! RabbitMqSource::declare(&channel, "orders").await?;
 //! let source = RabbitMqSource::builder("orders", "worker-1").prefetch(16).connect(channel).await?;
-//! let err = Runner::new("settlement.on_order_paid", "SETTLE").run(source, settle).await;
+//! let runner = Runner::new("settlement.on_order_paid", "SETTLE").concurrency(16);
+//! let err = runner.run(source, settle).await;
 //! # Ok(()) }
 //! ```
 
@@ -216,7 +219,12 @@ pub struct RabbitMqBuilder {
 }
 
 impl RabbitMqBuilder {
-    /// At most this many unacked messages on the consumer (default 1).
+    /// At most this many unacked messages on the consumer (default 1). Set
+    /// it to at least the runner's [`concurrency`](super::Runner::concurrency):
+    /// the broker hands out no more than this, so a lower prefetch caps the
+    /// deliveries in flight. A little above it keeps the next messages on
+    /// their way while the slots are busy; every prefetched message is one
+    /// another consumer of the queue cannot take.
     pub fn prefetch(mut self, n: u16) -> Self {
         self.prefetch = n;
         self

@@ -14,6 +14,15 @@
 //!
 //! Delays are capped at `claim_idle`: Redis measures them as idle time.
 //!
+//! With [`Runner::concurrency`](super::Runner::concurrency) `n`, set
+//! [`batch`](RedisStreamsBuilder::batch) to about `n`: one read then fills
+//! every free slot, and entries do not wait long in this process's buffer,
+//! where their idle time runs. An entry left in the buffer for longer than
+//! `claim_idle` may already be another consumer's, so it is not handed out;
+//! `XAUTOCLAIM` brings it back, counted, like any entry held too long. Acks
+//! and redeliveries go over a connection of their own, so they never queue
+//! behind the blocking `XREADGROUP` that waits for new entries.
+//!
 //! ```no_run
 //! use idem_runtime::consumer::Runner;
 //! use idem_runtime::consumer::redis_streams::RedisStreamsSource;
@@ -30,7 +39,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamPendingCountReply, StreamReadReply};
@@ -105,20 +114,27 @@ impl RedisStreamsBuilder {
         self
     }
 
-    /// Entries read at once (default 10).
+    /// Entries read at once (default 10); about the runner's
+    /// [`concurrency`](super::Runner::concurrency) when that is higher.
     pub fn batch(mut self, n: usize) -> Self {
         self.batch = n.max(1);
         self
     }
 
-    /// Opens a connection of its own (a blocking read must not stall a store
-    /// sharing the connection) and creates the group, reading from the start
-    /// of the stream, if it does not exist.
+    /// Opens two connections of its own, one for the blocking reads and one
+    /// for acks and redeliveries (a blocking read must not stall a store
+    /// sharing the connection, nor the acks of deliveries in flight), and
+    /// creates the group, reading from the start of the stream, if it does not
+    /// exist.
     pub async fn connect(self, client: &Client) -> Result<RedisStreamsSource, BrokerError> {
         let config = AsyncConnectionConfig::new()
             .set_response_timeout(Some(self.block + Duration::from_secs(10)));
         let mut conn = client
             .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(broker)?;
+        let actions = client
+            .get_multiplexed_async_connection()
             .await
             .map_err(broker)?;
         let created: Result<Value, RedisError> = redis::cmd("XGROUP")
@@ -136,6 +152,7 @@ impl RedisStreamsBuilder {
         }
         Ok(RedisStreamsSource {
             conn,
+            actions,
             names: Arc::new(self.names),
             block: self.block,
             batch: self.batch,
@@ -149,11 +166,13 @@ impl RedisStreamsBuilder {
 /// [`super::Runner`].
 pub struct RedisStreamsSource {
     conn: MultiplexedConnection,
+    actions: MultiplexedConnection,
     names: Arc<Names>,
     block: Duration,
     batch: usize,
     cursor: String,
-    buffer: VecDeque<RedisStreamsDelivery>,
+    /// Entries read and not handed out yet, with when they were read.
+    buffer: VecDeque<(Instant, RedisStreamsDelivery)>,
 }
 
 impl RedisStreamsSource {
@@ -179,7 +198,7 @@ impl RedisStreamsSource {
         let message_id = entry.get::<String>(MESSAGE_ID_FIELD);
         RedisStreamsDelivery {
             message_id,
-            conn: self.conn.clone(),
+            conn: self.actions.clone(),
             names: self.names.clone(),
             id: entry.id,
             payload,
@@ -203,6 +222,7 @@ impl RedisStreamsSource {
             .await
             .map_err(broker)?;
         self.cursor = reply.next_stream_id;
+        let now = Instant::now();
         for entry in reply.claimed {
             // The claim counted this delivery; the counter is the attempt.
             let pending: StreamPendingCountReply = redis::cmd("XPENDING")
@@ -219,7 +239,7 @@ impl RedisStreamsSource {
                 .first()
                 .map_or(1, |p| p.times_delivered.max(1) as u32);
             let d = self.delivery(entry, attempt);
-            self.buffer.push_back(d);
+            self.buffer.push_back((now, d));
         }
         Ok(())
     }
@@ -240,10 +260,11 @@ impl RedisStreamsSource {
             .query_async(&mut self.conn)
             .await
             .map_err(broker)?;
+        let now = Instant::now();
         for key in reply.map(|r| r.keys).unwrap_or_default() {
             for entry in key.ids {
                 let d = self.delivery(entry, 1);
-                self.buffer.push_back(d);
+                self.buffer.push_back((now, d));
             }
         }
         Ok(())
@@ -256,8 +277,13 @@ impl Source for RedisStreamsSource {
 
     async fn next(&mut self) -> Result<RedisStreamsDelivery, BrokerError> {
         loop {
-            if let Some(d) = self.buffer.pop_front() {
-                return Ok(d);
+            if let Some((read, d)) = self.buffer.pop_front() {
+                // Its idle time ran while it waited here: past `claim_idle`,
+                // another consumer may have taken it over and be running it.
+                if read.elapsed() < self.names.claim_idle {
+                    return Ok(d);
+                }
+                continue;
             }
             // Redeliveries first: they have waited longest.
             self.take_over().await?;

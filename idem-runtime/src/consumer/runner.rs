@@ -4,11 +4,14 @@
 use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
-use futures_util::FutureExt;
+use futures_util::stream::{self, FuturesUnordered};
+use futures_util::{FutureExt, StreamExt};
 
 use crate::observe::CallOutcome;
 use crate::protocol::report::{self, Noted};
@@ -69,13 +72,15 @@ impl Stats {
 /// let runner = Runner::new("settlement.on_order_paid", "SETTLE")
 ///     .max_deliveries(5)
 ///     .backoff(Duration::from_secs(1), Duration::from_secs(30))
-///     .in_progress_delay(Duration::from_secs(2));
+///     .in_progress_delay(Duration::from_secs(2))
+///     .concurrency(16);
 /// assert_eq!(runner.stats().delivered, 0);
 /// ```
 #[derive(Clone)]
 pub struct Runner {
     scope: &'static str,
     event: &'static str,
+    concurrency: usize,
     max_deliveries: u32,
     first_backoff: Duration,
     max_backoff: Duration,
@@ -84,18 +89,46 @@ pub struct Runner {
 }
 
 impl Runner {
-    /// A runner with the defaults: 5 counted deliveries, backoff from 1 s
-    /// doubling to 30 s, `InProgress` redelivered after 2 s.
+    /// A runner with the defaults: one delivery at a time, 5 counted
+    /// deliveries, backoff from 1 s doubling to 30 s, `InProgress` redelivered
+    /// after 2 s.
     pub fn new(scope: &'static str, event: &'static str) -> Runner {
         Runner {
             scope,
             event,
+            concurrency: 1,
             max_deliveries: 5,
             first_backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(30),
             in_progress_delay: Duration::from_secs(2),
             counters: Arc::default(),
         }
+    }
+
+    /// How many deliveries [`Runner::run`] keeps in flight at once (default
+    /// 1, at least 1). Each is acked, redelivered or parked on its own, after
+    /// its own outcome is recorded, so messages finish out of order. Two
+    /// deliveries of one key in flight together still run the body once: the
+    /// second meets the first's claim and is redelivered as `InProgress`
+    /// (with `tx = tx` on a SQL store it waits for the first transaction
+    /// instead, and replays it).
+    ///
+    /// The broker must hand out that many unacked messages: on RabbitMQ set
+    /// [`prefetch`](super::rabbitmq::RabbitMqBuilder::prefetch) to at least
+    /// `n`; on Redis Streams and JetStream a `batch` of about `n` fetches them
+    /// in one round trip. The handler is shared by reference, not spawned:
+    /// the deliveries run concurrently on the task that runs `run`, so a
+    /// multi-threaded runtime spreads them over its threads only through the
+    /// I/O they wait on; spawn more runners (more consumers) to use more cores.
+    ///
+    /// ```
+    /// # use idem_runtime::consumer::Runner;
+    /// let runner = Runner::new("settlement.on_order_paid", "SETTLE").concurrency(16);
+    /// # let _ = runner;
+    /// ```
+    pub fn concurrency(mut self, n: usize) -> Runner {
+        self.concurrency = n.max(1);
+        self
     }
 
     /// How many counted deliveries a message gets before it is parked (at
@@ -245,9 +278,19 @@ impl Runner {
         }
     }
 
-    /// Takes deliveries from `source` and processes them one at a time, until
-    /// the broker fails.
-    pub async fn run<S, M, T, E, H, Fut>(&self, mut source: S, handler: H) -> BrokerError
+    /// Takes deliveries from `source` and processes up to
+    /// [`concurrency`](Runner::concurrency) of them at once, until the broker
+    /// fails.
+    ///
+    /// A new delivery is asked for only while fewer than `concurrency` are in
+    /// flight, so the broker's flow control (prefetch, pending entries, ack
+    /// waits) sees exactly the messages being worked on plus what the source
+    /// buffers. On the first broker error (from the source or from acking,
+    /// redelivering or parking one delivery) no new delivery is taken; the
+    /// ones in flight run to their end, each acked if the broker still takes
+    /// it, and then the first error is returned. A delivery whose ack fails is
+    /// handed out again by the broker, and its record makes that a replay.
+    pub async fn run<S, M, T, E, H, Fut>(&self, source: S, handler: H) -> BrokerError
     where
         S: Source,
         M: FromDelivery,
@@ -255,13 +298,41 @@ impl Runner {
         Fut: Future<Output = Result<T, E>>,
         E: fmt::Debug,
     {
+        // The source as a stream: a `next()` call that is still waiting when a
+        // delivery in flight finishes must be resumed, not dropped (a dropped
+        // XREADGROUP would leave what it read pending on this consumer, to
+        // come back only after `claim_idle`, counted).
+        let mut deliveries = pin!(stream::unfold(source, |mut source| async move {
+            let next = source.next().await;
+            Some((next, source))
+        }));
+        let mut in_flight = FuturesUnordered::new();
+        let mut failed: Option<BrokerError> = None;
         loop {
-            let step = match source.next().await {
-                Ok(delivery) => self.process(delivery, &handler).await,
-                Err(e) => Err(e),
-            };
-            if let Err(e) = step {
-                return e;
+            if in_flight.is_empty() {
+                if let Some(e) = failed.take() {
+                    return e;
+                }
+            }
+            let taking = failed.is_none() && in_flight.len() < self.concurrency;
+            let step = std::future::poll_fn(|cx| {
+                // Finished deliveries first: each frees a slot.
+                if let Poll::Ready(Some(done)) = in_flight.poll_next_unpin(cx) {
+                    return Poll::Ready(Step::Done(done));
+                }
+                if taking {
+                    if let Poll::Ready(Some(next)) = deliveries.poll_next_unpin(cx) {
+                        return Poll::Ready(Step::Next(next));
+                    }
+                }
+                Poll::Pending
+            });
+            match step.await {
+                Step::Next(Ok(delivery)) => in_flight.push(self.process(delivery, &handler)),
+                Step::Next(Err(e)) | Step::Done(Err(e)) => {
+                    failed.get_or_insert(e);
+                }
+                Step::Done(Ok(_)) => {}
             }
         }
     }
@@ -381,6 +452,12 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
         .copied()
         .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("a panic without a message")
+}
+
+/// What woke [`Runner::run`].
+enum Step<D> {
+    Next(Result<D, BrokerError>),
+    Done(Result<Action, BrokerError>),
 }
 
 #[derive(Debug, PartialEq, Eq)]

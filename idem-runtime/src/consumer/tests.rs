@@ -190,3 +190,121 @@ fn a_stored_final_error_is_acked() {
         assert_eq!(again, Action::Acked(Acked::Deduplicated));
     });
 }
+
+/// A source fed through a channel; closing it is the broker failing.
+struct Channel(tokio::sync::mpsc::UnboundedReceiver<Memory>);
+
+#[async_trait::async_trait]
+impl super::Source for Channel {
+    type Delivery = Memory;
+
+    async fn next(&mut self) -> Result<Memory, super::BrokerError> {
+        self.0
+            .recv()
+            .await
+            .ok_or_else(|| super::BrokerError::new("memory", "closed"))
+    }
+}
+
+/// `run` keeps `concurrency` deliveries in flight, never more; when the
+/// source fails, the ones in flight still finish and are acked before `run`
+/// returns the error.
+#[test]
+fn run_keeps_concurrency_deliveries_in_flight_and_finishes_them_on_error() {
+    block_on(async {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let logs: Vec<_> = (0..10)
+            .map(|i| {
+                let d = Memory::new(format!("\"m-{i}\"").as_bytes());
+                let log = d.log();
+                tx.send(d).unwrap();
+                log
+            })
+            .collect();
+        let running = AtomicU32::new(0);
+        let most = AtomicU32::new(0);
+        let release = tokio::sync::Semaphore::new(0);
+        let handler = |_: String| async {
+            let now = running.fetch_add(1, SeqCst) + 1;
+            most.fetch_max(now, SeqCst);
+            release.acquire().await.unwrap().forget();
+            running.fetch_sub(1, SeqCst);
+            Ok::<(), Failure>(())
+        };
+        let r = runner().concurrency(4);
+        let control = async {
+            while running.load(SeqCst) < 4 {
+                tokio::task::yield_now().await;
+            }
+            // Every delivery in flight is waiting on `release` now, and no
+            // fifth one started while they waited.
+            for _ in 0..20 {
+                tokio::task::yield_now().await;
+            }
+            assert_eq!(most.load(SeqCst), 4);
+            release.add_permits(10);
+            drop(tx);
+        };
+        let (err, ()) = futures_util::future::join(r.run(Channel(rx), &handler), control).await;
+        assert_eq!(err.to_string(), "broker memory: closed");
+        assert_eq!(most.load(SeqCst), 4);
+        let stats = r.stats();
+        assert_eq!((stats.delivered, stats.processed), (10, 10), "{stats:?}");
+        for log in logs {
+            assert_eq!(*log.lock().unwrap(), ["ack"]);
+        }
+    });
+}
+
+/// Two deliveries of one key in flight together: the second meets the
+/// first's claim and is deferred, and the body runs once.
+#[test]
+fn two_deliveries_of_one_key_in_flight_run_the_body_once() {
+    block_on(async {
+        let store = StoreRef::new(MemoryStore::new());
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (first, second) = (Memory::new(br#""m-1""#), Memory::new(br#""m-1""#));
+        let (log1, log2) = (first.log(), second.log());
+        tx.send(first).unwrap();
+        tx.send(second).unwrap();
+        let bodies = AtomicU32::new(0);
+        let release = tokio::sync::Semaphore::new(0);
+        let handler = |id: String| {
+            let store = store.clone();
+            let (bodies, release) = (&bodies, &release);
+            async move {
+                let key = Key::builder(SPEC.scope).part(&id).finish();
+                execute_keeping_final(
+                    &SPEC,
+                    Some(store),
+                    key,
+                    None,
+                    |_: &Failure| false,
+                    async move {
+                        bodies.fetch_add(1, SeqCst);
+                        release.acquire().await.unwrap().forget();
+                        Ok::<u32, Failure>(7)
+                    },
+                )
+                .await
+            }
+        };
+        let r = runner().concurrency(2);
+        let control = async {
+            while log2.lock().unwrap().is_empty() {
+                tokio::task::yield_now().await;
+            }
+            release.add_permits(1);
+            while log1.lock().unwrap().is_empty() {
+                tokio::task::yield_now().await;
+            }
+            drop(tx);
+        };
+        let (_, ()) = futures_util::future::join(r.run(Channel(rx), &handler), control).await;
+        assert_eq!(bodies.load(SeqCst), 1);
+        assert_eq!(*log1.lock().unwrap(), ["ack"]);
+        assert_eq!(*log2.lock().unwrap(), ["defer 2s"]);
+        let stats = r.stats();
+        assert_eq!((stats.processed, stats.deferred), (1, 1), "{stats:?}");
+    });
+}

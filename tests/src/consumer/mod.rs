@@ -41,6 +41,12 @@ pub trait Broker: Send + Sync + 'static {
     async fn publish_raw(&self, body: Vec<u8>);
     /// A consumer in the shared group, on a connection of its own.
     async fn consumer(&self, name: &str) -> Self::Src;
+    /// The same, set up to hand out `concurrency` deliveries at once (a
+    /// prefetch or a batch at least that large).
+    async fn consumer_for(&self, name: &str, concurrency: usize) -> Self::Src {
+        let _ = concurrency;
+        self.consumer(name).await
+    }
     /// The parked messages: each one's body and reason, leaving them parked.
     async fn parked(&self) -> Vec<(Vec<u8>, String)>;
     /// No message waits to be delivered, redelivered or acked.
@@ -94,6 +100,26 @@ pub struct Ledger {
     pub release: Semaphore,
     /// Notifications attempted and sent per order (see [`Ledger::notify`]).
     notifications: Mutex<HashMap<String, (u32, u32)>>,
+    /// Bodies running now, and the most that ever ran at once.
+    pub running: AtomicU32,
+    pub most_running: AtomicU32,
+}
+
+/// Counts a body in [`Ledger::running`] while it lives, whichever way it ends.
+struct Running<'a>(&'a Ledger);
+
+impl<'a> Running<'a> {
+    fn start(ledger: &'a Ledger) -> Running<'a> {
+        let now = ledger.running.fetch_add(1, SeqCst) + 1;
+        ledger.most_running.fetch_max(now, SeqCst);
+        Running(ledger)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, SeqCst);
+    }
 }
 
 impl Ledger {
@@ -105,6 +131,8 @@ impl Ledger {
             started: Semaphore::new(0),
             release: Semaphore::new(0),
             notifications: Mutex::default(),
+            running: AtomicU32::new(0),
+            most_running: AtomicU32::new(0),
         })
     }
 
@@ -149,6 +177,7 @@ impl Ledger {
 #[idempotent(consumer, event = "SETTLE", key = "e.order_id", scope = "tests.consumer.settle", store = ledger.store, lease = "2s")]
 pub async fn settle(ledger: Arc<Ledger>, e: OrderPaid) -> Result<(), SettleError> {
     ledger.calls.fetch_add(1, SeqCst);
+    let _running = Running::start(&ledger);
     if e.order_id.starts_with("poison") {
         return Err(SettleError::LedgerDown);
     }

@@ -314,3 +314,98 @@ pub fn in_progress_is_not_a_failure<B: Broker>(make: impl Future<Output = Option
     assert!(count("idem_consumer_deduplicated_total", &[]) >= 1);
     assert!(count("idem_consumer_delivered_total", &[]) >= 6);
 }
+
+/// With `concurrency(8)`, eight bodies run at once, and never a ninth: twelve
+/// held messages, counted by the bodies themselves while they wait.
+pub async fn concurrency_keeps_n_in_flight<B: Broker>(broker: B) {
+    let ledger = Ledger::new(MemoryStore::new());
+    let runner = runner().concurrency(8);
+    for i in 0..12 {
+        publish(&broker, &order(format!("hold-{i}"))).await;
+    }
+    let task = spawn::<B>(broker.consumer_for("c1", 8).await, &runner, &ledger);
+    eventually("eight bodies run at once", || async {
+        ledger.running.load(SeqCst) == 8
+    })
+    .await;
+    ledger.release.add_permits(12);
+    eventually("all twelve are acked", || async {
+        runner.stats().processed == 12 && broker.drained().await
+    })
+    .await;
+    task.abort();
+    assert_eq!(ledger.most_running.load(SeqCst), 8, "{:?}", runner.stats());
+    let effects = ledger.all_effects();
+    assert_eq!(effects.len(), 12);
+    assert!(effects.values().all(|n| *n == 1), "{effects:?}");
+    let stats = runner.stats();
+    assert_eq!(stats.parked + stats.retried, 0, "{stats:?}");
+    broker.cleanup().await;
+}
+
+/// Two deliveries of one key in flight on one consumer: the second meets the
+/// first's claim and is deferred (`InProgress`), then acked as a duplicate;
+/// the body runs once.
+pub async fn one_key_twice_in_flight_runs_once<B: Broker>(broker: B) {
+    let ledger = Ledger::new(MemoryStore::new());
+    let runner = runner().concurrency(2);
+    let o = order("hold-twice");
+    publish(&broker, &o).await;
+    publish(&broker, &o).await;
+    let task = spawn::<B>(broker.consumer_for("c1", 2).await, &runner, &ledger);
+    ledger.started.acquire().await.unwrap().forget();
+    eventually("the second copy is deferred", || async {
+        runner.stats().deferred >= 1
+    })
+    .await;
+    ledger.release.add_permits(1);
+    eventually("both are acked", || async {
+        runner.stats().acked >= 2 && broker.drained().await
+    })
+    .await;
+    task.abort();
+    assert_eq!(ledger.effects("hold-twice"), 1);
+    assert_eq!(ledger.calls.load(SeqCst), 1, "the body ran once");
+    let stats = runner.stats();
+    assert_eq!(stats.processed, 1, "{stats:?}");
+    assert!(stats.deduplicated >= 1, "{stats:?}");
+    assert_eq!(stats.parked + stats.retried, 0, "{stats:?}");
+    broker.cleanup().await;
+}
+
+/// Under `concurrency(4)` a poison message still gets exactly
+/// `max_deliveries` runs and is parked, and an undecodable one is parked at
+/// once, while twenty good ones settle around them.
+pub async fn poison_is_parked_under_concurrency<B: Broker>(broker: B) {
+    let ledger = Ledger::new(MemoryStore::new());
+    let runner = runner().concurrency(4);
+    publish(&broker, &order("poison-1")).await;
+    broker.publish_raw(b"{\"order_id\": 7".to_vec()).await;
+    for i in 0..20 {
+        publish(&broker, &order(format!("par-{i}"))).await;
+    }
+    let task = spawn::<B>(broker.consumer_for("c1", 4).await, &runner, &ledger);
+    eventually("both are parked and the rest settled", || async {
+        let s = runner.stats();
+        s.parked == 2 && s.processed == 20 && broker.drained().await
+    })
+    .await;
+    // Long enough for a fourth delivery to show up if parking did not stop it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    task.abort();
+    assert_eq!(ledger.calls.load(SeqCst), 23, "three runs of the poison");
+    let effects = ledger.all_effects();
+    assert_eq!(effects.len(), 20);
+    assert!(effects.values().all(|n| *n == 1), "{effects:?}");
+    let stats = runner.stats();
+    assert_eq!((stats.retried, stats.parked), (2, 2), "{stats:?}");
+    let mut reasons: Vec<String> = broker.parked().await.into_iter().map(|(_, r)| r).collect();
+    reasons.sort();
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    assert!(
+        reasons[0].starts_with("failed 3 counted deliveries") && reasons[0].contains("LedgerDown"),
+        "{reasons:?}"
+    );
+    assert!(reasons[1].starts_with("undecodable: "), "{reasons:?}");
+    broker.cleanup().await;
+}

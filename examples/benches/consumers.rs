@@ -1,0 +1,669 @@
+//! Consumers in parallel: `Runner::concurrency` against a hand-written
+//! consumer on the same broker client, on loopback PostgreSQL, Redis Streams,
+//! RabbitMQ and NATS JetStream.
+//!
+//! Run by hand, in release mode (CI builds it under clippy and never runs it):
+//!
+//! ```sh
+//! cargo bench -p idem-benches --bench consumers
+//! # a quick run:
+//! IDEM_BENCH_MESSAGES=2000 IDEM_BENCH_ROUNDS=1 cargo bench -p idem-benches --bench consumers
+//! # knobs: IDEM_BENCH_MESSAGES (20000 per cell) IDEM_BENCH_ROUNDS (1)
+//! #        IDEM_BENCH_CONCURRENCY (1,16) IDEM_BENCH_BROKERS (redis,rabbitmq,nats)
+//! #        IDEM_POSTGRES_URL IDEM_REDIS_URL IDEM_RABBITMQ_URL IDEM_NATS_URL
+//! ```
+//!
+//! Each cell publishes the messages first, then one consumer drains them: the
+//! clock runs from the consumer's first fetch to its last ack. Every message
+//! is one PostgreSQL transaction:
+//!
+//! - **idem**: `Runner::new(..).concurrency(c).run(source, handler)`, the
+//!   handler `BEGIN`, an `#[idempotent(consumer, tx = tx)]` call inserting the
+//!   settlement, `COMMIT` (5 statements: the claim and the record are two);
+//! - **hand-written**: the same client's stream of messages driven by
+//!   `for_each_concurrent(c)`, each `BEGIN`, the reference notes' dedup row
+//!   (`INSERT … ON CONFLICT DO NOTHING`; no row inserted means already done),
+//!   the settlement, `COMMIT`, then the ack (4 statements).
+//!
+//! Both sides fetch alike: Redis `XREADGROUP COUNT max(c, 10)` (acks on a
+//! second connection), RabbitMQ prefetch `max(c, 10)`, JetStream pull batches
+//! of `max(c, 10)` with `double_ack` (the ack the server confirms, as idem's).
+//! Rounds alternate which side goes first; cells are medians.
+//!
+//! Machines are noisy: read the ratios, not the absolute numbers.
+
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use futures_util::stream;
+use idem_runtime::consumer::jetstream::JetStreamSource;
+use idem_runtime::consumer::rabbitmq::{self, RabbitMqSource};
+use idem_runtime::consumer::redis_streams::{PAYLOAD_FIELD, RedisStreamsSource};
+use idem_runtime::consumer::{Runner, Source, mark_rolled_back};
+use idem_runtime::idempotent;
+use idem_runtime::store::sql::PgStore;
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgPool, Postgres, Transaction};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+const SCHEMA: &str = "idem_bench_consumers";
+const GROUP: &str = "settlement";
+
+fn env<T: FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+fn url(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
+
+fn list(name: &str, default: &str) -> Vec<String> {
+    std::env::var(name)
+        .unwrap_or_else(|_| default.to_owned())
+        .split(',')
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct OrderPaid {
+    order_id: String,
+    amount_cents: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum BenchError {
+    #[error(transparent)]
+    Idem(#[from] idem_runtime::Error),
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+}
+
+// ---------------------------------------------------------------------------
+// The two handlers
+// ---------------------------------------------------------------------------
+
+#[idempotent(consumer, event = "SETTLE", key = "e.order_id", scope = "bench.consumers.settle", tx = tx)]
+async fn settle(tx: &mut Transaction<'_, Postgres>, e: &OrderPaid) -> Result<(), BenchError> {
+    insert_settlement(tx, e).await
+}
+
+async fn insert_settlement(
+    tx: &mut Transaction<'_, Postgres>,
+    e: &OrderPaid,
+) -> Result<(), BenchError> {
+    sqlx::query("INSERT INTO bench_settlements (order_id, amount_cents) VALUES ($1, $2)")
+        .bind(&e.order_id)
+        .bind(e.amount_cents)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+async fn idem_handler(pool: &PgPool, e: OrderPaid) -> Result<(), BenchError> {
+    let mut tx = pool.begin().await?;
+    settle(&mut tx, &e).await?;
+    if let Err(err) = tx.commit().await {
+        mark_rolled_back();
+        return Err(err.into());
+    }
+    Ok(())
+}
+
+/// The reference notes' flow: the dedup row and the effect in one
+/// transaction; a dedup row already there means the message was processed.
+async fn reference_handler(pool: &PgPool, body: &[u8]) -> Result<(), BenchError> {
+    let e: OrderPaid = serde_json::from_slice(body).expect("a bench message");
+    reference_tx(pool, &e).await
+}
+
+async fn reference_tx(pool: &PgPool, e: &OrderPaid) -> Result<(), BenchError> {
+    let mut tx = pool.begin().await?;
+    let fresh = sqlx::query("INSERT INTO bench_dedup (msg_key) VALUES ($1) ON CONFLICT DO NOTHING")
+        .bind(&e.order_id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+        == 1;
+    if fresh {
+        insert_settlement(&mut tx, e).await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Runs idem's consumer until `n` messages are acked; with `store` false its
+/// handler is the hand-written transaction (the runner and the adapter alone).
+async fn idem_side<S: Source>(source: S, pool: &PgPool, c: usize, n: u64, store: bool) -> Duration {
+    let runner = Runner::new("bench.consumers.settle", "SETTLE").concurrency(c);
+    let started = Instant::now();
+    let run = runner.run(source, |e: OrderPaid| async move {
+        if store {
+            idem_handler(pool, e).await
+        } else {
+            reference_tx(pool, &e).await
+        }
+    });
+    let done = async {
+        while runner.stats().acked < n {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    tokio::select! {
+        err = run => panic!("the consumer stopped: {err}"),
+        () = done => {}
+    }
+    let elapsed = started.elapsed();
+    let stats = runner.stats();
+    assert_eq!(
+        (stats.processed, stats.parked, stats.redelivered()),
+        (n, 0, 0),
+        "{stats:?}"
+    );
+    elapsed
+}
+
+fn batch(c: usize) -> usize {
+    c.max(10)
+}
+
+// ---------------------------------------------------------------------------
+// Brokers
+// ---------------------------------------------------------------------------
+
+#[derive(Clone, Copy, PartialEq)]
+enum Broker {
+    Redis,
+    Rabbit,
+    Nats,
+}
+
+impl Broker {
+    fn name(self) -> &'static str {
+        match self {
+            Broker::Redis => "Redis Streams",
+            Broker::Rabbit => "RabbitMQ",
+            Broker::Nats => "JetStream (file)",
+        }
+    }
+}
+
+struct Brokers {
+    redis: redis::Client,
+    rabbit_url: String,
+    rabbit: lapin::Connection,
+    js: async_nats::jetstream::Context,
+}
+
+fn message(run: &str, i: u64) -> Vec<u8> {
+    serde_json::to_vec(&OrderPaid {
+        order_id: format!("{run}-{i}"),
+        amount_cents: 1000 + (i % 5000) as i64,
+    })
+    .expect("json")
+}
+
+impl Brokers {
+    /// Publishes `n` messages under `topic` (a stream, a queue, a subject).
+    async fn fill(&self, broker: Broker, topic: &str, run: &str, n: u64) -> Result<(), BoxError> {
+        match broker {
+            Broker::Redis => {
+                let mut conn = self.redis.get_multiplexed_async_connection().await?;
+                let mut i = 0;
+                while i < n {
+                    let mut pipe = redis::pipe();
+                    for j in i..(i + 1000).min(n) {
+                        pipe.cmd("XADD")
+                            .arg(topic)
+                            .arg("*")
+                            .arg(PAYLOAD_FIELD)
+                            .arg(message(run, j))
+                            .ignore();
+                    }
+                    let _: () = pipe.query_async(&mut conn).await?;
+                    i += 1000;
+                }
+                let _: redis::Value = redis::cmd("XGROUP")
+                    .arg("CREATE")
+                    .arg(topic)
+                    .arg(GROUP)
+                    .arg("0")
+                    .query_async(&mut conn)
+                    .await?;
+            }
+            Broker::Rabbit => {
+                let channel = self.rabbit.create_channel().await?;
+                RabbitMqSource::declare(&channel, topic).await?;
+                channel.confirm_select(Default::default()).await?;
+                let props = lapin::BasicProperties::default().with_delivery_mode(2);
+                let mut i = 0;
+                while i < n {
+                    let mut confirms = Vec::new();
+                    for j in i..(i + 1000).min(n) {
+                        confirms.push(
+                            channel
+                                .basic_publish(
+                                    "",
+                                    topic,
+                                    Default::default(),
+                                    &message(run, j),
+                                    props.clone(),
+                                )
+                                .await?,
+                        );
+                    }
+                    for c in confirms {
+                        c.await?;
+                    }
+                    i += 1000;
+                }
+                let _ = channel.close(200, "filled").await;
+            }
+            Broker::Nats => {
+                self.js
+                    .create_stream(async_nats::jetstream::stream::Config {
+                        name: topic.to_owned(),
+                        subjects: vec![format!("idem.bench.consumers.{topic}")],
+                        ..Default::default()
+                    })
+                    .await?;
+                let mut i = 0;
+                while i < n {
+                    let mut acks = Vec::new();
+                    for j in i..(i + 1000).min(n) {
+                        acks.push(
+                            self.js
+                                .publish(
+                                    format!("idem.bench.consumers.{topic}"),
+                                    message(run, j).into(),
+                                )
+                                .await?,
+                        );
+                    }
+                    for a in acks {
+                        a.await?;
+                    }
+                    i += 1000;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn clear(&self, broker: Broker, topic: &str) -> Result<(), BoxError> {
+        match broker {
+            Broker::Redis => {
+                let mut conn = self.redis.get_multiplexed_async_connection().await?;
+                let _: () = redis::cmd("DEL").arg(topic).query_async(&mut conn).await?;
+            }
+            Broker::Rabbit => {
+                let channel = self.rabbit.create_channel().await?;
+                for q in ["", ".retry", ".parked"] {
+                    channel
+                        .queue_delete(&format!("{topic}{q}"), Default::default())
+                        .await?;
+                }
+                channel
+                    .exchange_delete(&format!("{topic}.dlx"), Default::default())
+                    .await?;
+                let _ = channel.close(200, "cleared").await;
+            }
+            Broker::Nats => {
+                self.js.delete_stream(topic).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// idem's consumer on `topic`.
+    async fn idem(
+        &self,
+        broker: Broker,
+        topic: &str,
+        pool: &PgPool,
+        c: usize,
+        n: u64,
+        store: bool,
+    ) -> Duration {
+        match broker {
+            Broker::Redis => {
+                let source = RedisStreamsSource::builder(topic, GROUP, "idem")
+                    .batch(batch(c))
+                    .connect(&self.redis)
+                    .await
+                    .expect("Redis source");
+                idem_side(source, pool, c, n, store).await
+            }
+            Broker::Rabbit => {
+                let conn = rabbitmq::connect(&self.rabbit_url).await.expect("RabbitMQ");
+                let channel = conn.create_channel().await.expect("channel");
+                let source = RabbitMqSource::builder(topic, "idem")
+                    .prefetch(batch(c) as u16)
+                    .connect(channel)
+                    .await
+                    .expect("RabbitMQ source");
+                let t = idem_side(source, pool, c, n, store).await;
+                let _ = conn.close(200, "done").await;
+                t
+            }
+            Broker::Nats => {
+                let source =
+                    JetStreamSource::builder(topic, GROUP, &format!("idem.bench.parked.{topic}"))
+                        .batch(batch(c))
+                        .connect(&self.js)
+                        .await
+                        .expect("JetStream source");
+                idem_side(source, pool, c, n, store).await
+            }
+        }
+    }
+
+    /// The hand-written consumer on `topic`, on the same client.
+    async fn reference(
+        &self,
+        broker: Broker,
+        topic: &str,
+        pool: &PgPool,
+        c: usize,
+        n: u64,
+    ) -> Duration {
+        let take = n as usize;
+        match broker {
+            Broker::Redis => {
+                let read = self.redis.get_multiplexed_async_connection().await.unwrap();
+                let ack = self.redis.get_multiplexed_async_connection().await.unwrap();
+                let count = batch(c);
+                let stream_name = topic.to_owned();
+                let started = Instant::now();
+                stream::unfold(read, move |mut read| {
+                    let stream_name = stream_name.clone();
+                    async move {
+                        let reply: Option<redis::streams::StreamReadReply> =
+                            redis::cmd("XREADGROUP")
+                                .arg("GROUP")
+                                .arg(GROUP)
+                                .arg("reference")
+                                .arg("COUNT")
+                                .arg(count)
+                                .arg("BLOCK")
+                                .arg(1000)
+                                .arg("STREAMS")
+                                .arg(&stream_name)
+                                .arg(">")
+                                .query_async(&mut read)
+                                .await
+                                .expect("XREADGROUP");
+                        let ids: Vec<_> = reply
+                            .map(|r| r.keys.into_iter().flat_map(|k| k.ids).collect())
+                            .unwrap_or_default();
+                        Some((stream::iter(ids), read))
+                    }
+                })
+                .flatten()
+                .take(take)
+                .for_each_concurrent(c, |entry| {
+                    let mut ack = ack.clone();
+                    async move {
+                        let body: Vec<u8> = entry.get(PAYLOAD_FIELD).expect("payload");
+                        reference_handler(pool, &body).await.expect("transaction");
+                        let _: i64 = redis::cmd("XACK")
+                            .arg(topic)
+                            .arg(GROUP)
+                            .arg(&entry.id)
+                            .query_async(&mut ack)
+                            .await
+                            .expect("XACK");
+                    }
+                })
+                .await;
+                started.elapsed()
+            }
+            Broker::Rabbit => {
+                let conn = rabbitmq::connect(&self.rabbit_url).await.expect("RabbitMQ");
+                let channel = conn.create_channel().await.expect("channel");
+                channel
+                    .basic_qos(batch(c) as u16, Default::default())
+                    .await
+                    .expect("qos");
+                let consumer = channel
+                    .basic_consume(topic, "reference", Default::default(), Default::default())
+                    .await
+                    .expect("consume");
+                let started = Instant::now();
+                consumer
+                    .take(take)
+                    .for_each_concurrent(c, |d| async move {
+                        let d = d.expect("a delivery");
+                        reference_handler(pool, &d.data).await.expect("transaction");
+                        d.ack(Default::default()).await.expect("ack");
+                    })
+                    .await;
+                let elapsed = started.elapsed();
+                let _ = conn.close(200, "done").await;
+                elapsed
+            }
+            Broker::Nats => {
+                use async_nats::jetstream::consumer::{AckPolicy, pull};
+                let stream = self.js.get_stream(topic).await.expect("stream");
+                let consumer = stream
+                    .get_or_create_consumer(
+                        "reference",
+                        pull::Config {
+                            durable_name: Some("reference".into()),
+                            ack_policy: AckPolicy::Explicit,
+                            ack_wait: Duration::from_secs(30),
+                            ..Default::default()
+                        },
+                    )
+                    .await
+                    .expect("consumer");
+                let started = Instant::now();
+                let messages = consumer
+                    .stream()
+                    .max_messages_per_batch(batch(c))
+                    .messages()
+                    .await
+                    .expect("pull");
+                messages
+                    .take(take)
+                    .for_each_concurrent(c, |m| async move {
+                        let m = m.expect("a message");
+                        reference_handler(pool, &m.payload)
+                            .await
+                            .expect("transaction");
+                        m.double_ack().await.expect("ack");
+                    })
+                    .await;
+                started.elapsed()
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+
+#[derive(Clone, Copy, PartialEq)]
+enum Side {
+    Reference,
+    Idem,
+    /// idem's runner and adapter around the hand-written transaction.
+    Runner,
+}
+
+async fn cell(
+    brokers: &Brokers,
+    pool: &PgPool,
+    broker: Broker,
+    side: Side,
+    c: usize,
+    n: u64,
+    tag: &str,
+) -> Result<f64, BoxError> {
+    for t in ["bench_settlements", "bench_dedup", "idem_records"] {
+        sqlx::query(&format!("TRUNCATE {t}")).execute(pool).await?;
+    }
+    let topic = format!("IDEM_BENCH_CONSUMERS_{tag}");
+    let run = tag.to_lowercase();
+    brokers.fill(broker, &topic, &run, n).await?;
+    let elapsed = match side {
+        Side::Idem => brokers.idem(broker, &topic, pool, c, n, true).await,
+        Side::Runner => brokers.idem(broker, &topic, pool, c, n, false).await,
+        Side::Reference => brokers.reference(broker, &topic, pool, c, n).await,
+    };
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM bench_settlements")
+        .fetch_one(pool)
+        .await?;
+    assert_eq!(rows as u64, n, "one settlement per message");
+    brokers.clear(broker, &topic).await?;
+    Ok(n as f64 / elapsed.as_secs_f64())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+}
+
+async fn bench() -> Result<(), BoxError> {
+    let n: u64 = env("IDEM_BENCH_MESSAGES", 20_000);
+    let rounds: usize = env("IDEM_BENCH_ROUNDS", 1).max(1);
+    let concurrencies: Vec<usize> = list("IDEM_BENCH_CONCURRENCY", "1,16")
+        .iter()
+        .filter_map(|c| c.parse().ok())
+        .collect();
+    let brokers_on = list("IDEM_BENCH_BROKERS", "redis,rabbitmq,nats");
+
+    let pg_url = url(
+        "IDEM_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    );
+    let admin = PgPool::connect(&pg_url).await?;
+    sqlx::query(&format!("DROP SCHEMA IF EXISTS {SCHEMA} CASCADE"))
+        .execute(&admin)
+        .await?;
+    sqlx::query(&format!("CREATE SCHEMA {SCHEMA}"))
+        .execute(&admin)
+        .await?;
+    let options = PgConnectOptions::from_str(&pg_url)?.options([("search_path", SCHEMA)]);
+    let pool = PgPoolOptions::new()
+        .max_connections(32)
+        .connect_with(options)
+        .await?;
+    // Opening the store applies idem's migrations; `tx = tx` needs no store.
+    PgStore::builder().pool(pool.clone()).await?;
+    for ddl in [
+        "CREATE TABLE bench_settlements (order_id TEXT PRIMARY KEY, amount_cents BIGINT NOT NULL)",
+        "CREATE TABLE bench_dedup (msg_key TEXT PRIMARY KEY)",
+    ] {
+        sqlx::query(ddl).execute(&pool).await?;
+    }
+
+    let rabbit_url = url("IDEM_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2f");
+    let brokers = Brokers {
+        redis: redis::Client::open(url("IDEM_REDIS_URL", "redis://127.0.0.1:6379"))?,
+        rabbit: rabbitmq::connect(&rabbit_url).await?,
+        rabbit_url,
+        js: async_nats::jetstream::new(
+            async_nats::connect(url("IDEM_NATS_URL", "nats://127.0.0.1:4222")).await?,
+        ),
+    };
+
+    println!("load average at start: {}", load());
+    println!(
+        "{n} messages per cell, one PostgreSQL transaction each; median of {rounds} round(s); msgs/s"
+    );
+    println!(
+        "{:<18} {:>3} {:>12} {:>9} {:>15} {:>16} {:>9} {:>15}",
+        "broker",
+        "c",
+        "hand-written",
+        "idem",
+        "idem ÷ hand",
+        "idem ÷ idem c=1",
+        "runner",
+        "runner ÷ hand"
+    );
+    let mut serial = 0;
+    for broker in [Broker::Redis, Broker::Rabbit, Broker::Nats] {
+        let key = match broker {
+            Broker::Redis => "redis",
+            Broker::Rabbit => "rabbitmq",
+            Broker::Nats => "nats",
+        };
+        if !brokers_on.iter().any(|b| b == key) {
+            continue;
+        }
+        let mut idem_c1 = None;
+        for &c in &concurrencies {
+            let (mut reference, mut idem, mut runner) = (Vec::new(), Vec::new(), Vec::new());
+            for round in 0..rounds {
+                let order = if round % 2 == 0 {
+                    [Side::Reference, Side::Runner, Side::Idem]
+                } else {
+                    [Side::Idem, Side::Runner, Side::Reference]
+                };
+                for side in order {
+                    serial += 1;
+                    let tag = format!("{}_{serial}", key.to_uppercase());
+                    let rate = cell(&brokers, &pool, broker, side, c, n, &tag).await?;
+                    match side {
+                        Side::Reference => reference.push(rate),
+                        Side::Idem => idem.push(rate),
+                        Side::Runner => runner.push(rate),
+                    }
+                }
+            }
+            let (reference, idem, runner) = (median(reference), median(idem), median(runner));
+            if c == 1 {
+                idem_c1 = Some(idem);
+            }
+            let scale = idem_c1
+                .filter(|_| c != 1)
+                .map_or(String::from("—"), |one| format!("{:.2}×", idem / one));
+            println!(
+                "{:<18} {c:>3} {reference:>12.0} {idem:>9.0} {:>14.2}× {scale:>16} {runner:>9.0} {:>14.2}×",
+                broker.name(),
+                idem / reference,
+                runner / reference
+            );
+        }
+    }
+    println!("load average at end: {}", load());
+    println!(
+        "runner: idem's Runner and adapter around the hand-written transaction (no #[idempotent]): what the runner costs apart from the store"
+    );
+    println!(
+        "statements per message: idem 5 (BEGIN, claim, INSERT, record, COMMIT), hand-written 4 (BEGIN, dedup row, INSERT, COMMIT)"
+    );
+
+    pool.close().await;
+    sqlx::query(&format!("DROP SCHEMA IF EXISTS {SCHEMA} CASCADE"))
+        .execute(&admin)
+        .await?;
+    Ok(())
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; there is nothing to filter.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    if let Err(e) = rt.block_on(bench()) {
+        eprintln!("error: {e} (PostgreSQL, Redis, RabbitMQ and NATS JetStream must be running)");
+        std::process::exit(1);
+    }
+}
