@@ -4,6 +4,8 @@
 
 use std::future::Future;
 
+use sqlx::{ColumnIndex, Decode, Row, Type};
+
 /// Where a message stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MessageState {
@@ -89,6 +91,76 @@ pub struct Claimed {
     pub headers: Option<String>,
     pub payload: Vec<u8>,
     pub attempts: i64,
+}
+
+/// Typed reads of a row, the same on every database: the dialects' SQL casts
+/// what it stores narrower to BIGINT, so one reader serves all three.
+pub trait Columns {
+    fn int(&self, column: &str) -> Result<i64, sqlx::Error>;
+    fn text(&self, column: &str) -> Result<String, sqlx::Error>;
+    fn maybe(&self, column: &str) -> Result<Option<String>, sqlx::Error>;
+    fn bytes(&self, column: &str) -> Result<Vec<u8>, sqlx::Error>;
+}
+
+impl<R> Columns for R
+where
+    R: Row,
+    for<'n> &'n str: ColumnIndex<R>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+{
+    fn int(&self, column: &str) -> Result<i64, sqlx::Error> {
+        self.try_get(column)
+    }
+    fn text(&self, column: &str) -> Result<String, sqlx::Error> {
+        self.try_get(column)
+    }
+    fn maybe(&self, column: &str) -> Result<Option<String>, sqlx::Error> {
+        self.try_get(column)
+    }
+    fn bytes(&self, column: &str) -> Result<Vec<u8>, sqlx::Error> {
+        self.try_get(column)
+    }
+}
+
+/// A claimed row (`RETURNING`, or MySQL's read after its update).
+pub(super) fn claimed(r: &impl Columns) -> Result<Claimed, sqlx::Error> {
+    Ok(Claimed {
+        seq: r.int("seq")?,
+        id: r.text("id")?,
+        topic: r.text("topic")?,
+        ordering_key: r.maybe("ordering_key")?,
+        headers: r.maybe("headers")?,
+        payload: r.bytes("payload")?,
+        attempts: r.int("attempts")?,
+    })
+}
+
+/// A row of the backlog's `GROUP BY topic`.
+pub(super) fn backlog(r: &impl Columns) -> Result<Backlog, sqlx::Error> {
+    Ok(Backlog {
+        topic: r.text("topic")?,
+        pending: r.int("pending")?.max(0) as u64,
+        parked: r.int("parked")?.max(0) as u64,
+        sent: r.int("sent")?.max(0) as u64,
+        oldest_pending_ms: r.int("oldest")?.max(0) as u64,
+    })
+}
+
+/// A row of `list`.
+pub(super) fn listed(r: &impl Columns) -> Result<ListedMessage, sqlx::Error> {
+    Ok(ListedMessage {
+        seq: r.int("seq")?,
+        id: r.text("id")?,
+        topic: r.text("topic")?,
+        ordering_key: r.maybe("ordering_key")?,
+        state: MessageState::from_code(r.int("state")?),
+        attempts: r.int("attempts")?.clamp(0, i64::from(u32::MAX)) as u32,
+        created_at: r.int("created_at")?,
+        last_error: r.maybe("last_error")?,
+        payload_bytes: r.int("size")?.max(0) as u64,
+    })
 }
 
 /// A database the outbox runs on: PostgreSQL, MySQL/MariaDB and SQLite.

@@ -6,10 +6,11 @@
 //! on the table's indexes, and writers inserting into those gaps would queue
 //! behind the relay (and the relay behind their uncommitted rows).
 
-use sqlx::mysql::MySqlRow;
-use sqlx::{Acquire, MySql, MySqlConnection, MySqlPool, QueryBuilder, Row};
+use sqlx::{Acquire, MySql, MySqlConnection, MySqlPool, QueryBuilder};
 
-use super::dialect::{Backlog, Claimed, Dialect, ListedMessage, MessageState, NewRow, Wakeup};
+use super::dialect::{
+    self, Backlog, Claimed, Dialect, ListedMessage, MessageState, NewRow, Wakeup,
+};
 
 /// Milliseconds since the epoch on the server's clock, free of the session's
 /// time zone (see the store's `now_ms`).
@@ -26,18 +27,6 @@ fn push_seqs(q: &mut QueryBuilder<'_, MySql>, seqs: &[i64]) {
         list.push_bind(*s);
     }
     q.push(")");
-}
-
-fn claimed(row: MySqlRow) -> Result<Claimed, sqlx::Error> {
-    Ok(Claimed {
-        seq: row.try_get("seq")?,
-        id: row.try_get("id")?,
-        topic: row.try_get("topic")?,
-        ordering_key: row.try_get("ordering_key")?,
-        headers: row.try_get("headers")?,
-        payload: row.try_get("payload")?,
-        attempts: i64::from(row.try_get::<i32, _>("attempts")?),
-    })
 }
 
 impl Dialect for MySql {
@@ -134,12 +123,12 @@ impl Dialect for MySql {
         push_seqs(&mut q, &locked);
         q.build().execute(&mut *tx).await?;
         let mut q = QueryBuilder::<MySql>::new(
-            "SELECT seq, id, topic, ordering_key, headers, payload, attempts FROM idem_outbox WHERE seq IN ",
+            "SELECT seq, id, topic, ordering_key, headers, payload, CAST(attempts AS SIGNED) AS attempts FROM idem_outbox WHERE seq IN ",
         );
         push_seqs(&mut q, &locked);
         let rows = q.build().fetch_all(&mut *tx).await?;
         tx.commit().await?;
-        rows.into_iter().map(claimed).collect()
+        rows.iter().map(dialect::claimed).collect()
     }
 
     async fn mark_sent<'a>(
@@ -196,17 +185,7 @@ impl Dialect for MySql {
         .bind(with_sent)
         .fetch_all(pool)
         .await?;
-        rows.into_iter()
-            .map(|r| {
-                Ok(Backlog {
-                    topic: r.try_get("topic")?,
-                    pending: r.try_get::<i64, _>("pending")?.max(0) as u64,
-                    parked: r.try_get::<i64, _>("parked")?.max(0) as u64,
-                    sent: r.try_get::<i64, _>("sent")?.max(0) as u64,
-                    oldest_pending_ms: r.try_get::<i64, _>("oldest")?.max(0) as u64,
-                })
-            })
-            .collect()
+        rows.iter().map(dialect::backlog).collect()
     }
 
     async fn list(
@@ -215,7 +194,8 @@ impl Dialect for MySql {
         limit: i64,
     ) -> Result<Vec<ListedMessage>, sqlx::Error> {
         let rows = sqlx::query(
-            "SELECT seq, id, topic, ordering_key, CAST(state AS SIGNED) AS state, attempts, created_at,\n\
+            "SELECT seq, id, topic, ordering_key, CAST(state AS SIGNED) AS state,\n\
+               CAST(attempts AS SIGNED) AS attempts, created_at,\n\
                last_error, CAST(LENGTH(payload) AS SIGNED) AS size\n\
              FROM idem_outbox WHERE state = ? ORDER BY seq LIMIT ?",
         )
@@ -223,21 +203,7 @@ impl Dialect for MySql {
         .bind(limit)
         .fetch_all(pool)
         .await?;
-        rows.into_iter()
-            .map(|r| {
-                Ok(ListedMessage {
-                    seq: r.try_get("seq")?,
-                    id: r.try_get("id")?,
-                    topic: r.try_get("topic")?,
-                    ordering_key: r.try_get("ordering_key")?,
-                    state: MessageState::from_code(r.try_get::<i64, _>("state")?),
-                    attempts: r.try_get::<i32, _>("attempts")?.max(0) as u32,
-                    created_at: r.try_get("created_at")?,
-                    last_error: r.try_get("last_error")?,
-                    payload_bytes: r.try_get::<i64, _>("size")?.max(0) as u64,
-                })
-            })
-            .collect()
+        rows.iter().map(dialect::listed).collect()
     }
 
     async fn retry<'a>(pool: &'a MySqlPool, id: &'a str) -> Result<bool, sqlx::Error> {

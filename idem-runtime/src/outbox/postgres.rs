@@ -1,9 +1,11 @@
 //! The outbox's statements on PostgreSQL.
 
-use sqlx::postgres::{PgListener, PgRow};
-use sqlx::{PgConnection, PgPool, Postgres, QueryBuilder, Row};
+use sqlx::postgres::PgListener;
+use sqlx::{PgConnection, PgPool, Postgres, QueryBuilder};
 
-use super::dialect::{Backlog, Claimed, Dialect, ListedMessage, MessageState, NewRow, Wakeup};
+use super::dialect::{
+    self, Backlog, Claimed, Dialect, ListedMessage, MessageState, NewRow, Wakeup,
+};
 
 // The server's wall clock in milliseconds (`clock_timestamp()`: `now()` is
 // frozen at BEGIN and a long transaction would write stale times).
@@ -28,18 +30,6 @@ macro_rules! first_of_key {
             SELECT 1 FROM idem_outbox p
             WHERE p.ordering_key = o.ordering_key AND p.state <> 1 AND p.seq < o.seq))"
     };
-}
-
-fn claimed(row: PgRow) -> Result<Claimed, sqlx::Error> {
-    Ok(Claimed {
-        seq: row.try_get("seq")?,
-        id: row.try_get("id")?,
-        topic: row.try_get("topic")?,
-        ordering_key: row.try_get("ordering_key")?,
-        headers: row.try_get("headers")?,
-        payload: row.try_get("payload")?,
-        attempts: i64::from(row.try_get::<i32, _>("attempts")?),
-    })
 }
 
 impl Dialect for Postgres {
@@ -108,14 +98,14 @@ impl Dialect for Postgres {
             "UPDATE idem_outbox u SET attempts = u.attempts + 1, claim_token = $2,\n",
             "  next_attempt_at = clock.now + $3\n",
             "FROM picked, clock WHERE u.seq = picked.seq\n",
-            "RETURNING u.seq, u.id, u.topic, u.ordering_key, u.headers, u.payload, u.attempts"
+            "RETURNING u.seq, u.id, u.topic, u.ordering_key, u.headers, u.payload, u.attempts::bigint AS attempts"
         ))
         .bind(limit)
         .bind(token)
         .bind(lease_ms)
         .fetch_all(pool)
         .await?;
-        rows.into_iter().map(claimed).collect()
+        rows.iter().map(dialect::claimed).collect()
     }
 
     async fn mark_sent<'a>(
@@ -175,17 +165,7 @@ impl Dialect for Postgres {
         .bind(with_sent)
         .fetch_all(pool)
         .await?;
-        rows.into_iter()
-            .map(|r| {
-                Ok(Backlog {
-                    topic: r.try_get("topic")?,
-                    pending: r.try_get::<i64, _>("pending")? as u64,
-                    parked: r.try_get::<i64, _>("parked")? as u64,
-                    sent: r.try_get::<i64, _>("sent")? as u64,
-                    oldest_pending_ms: r.try_get::<i64, _>("oldest")?.max(0) as u64,
-                })
-            })
-            .collect()
+        rows.iter().map(dialect::backlog).collect()
     }
 
     async fn list(
@@ -194,7 +174,8 @@ impl Dialect for Postgres {
         limit: i64,
     ) -> Result<Vec<ListedMessage>, sqlx::Error> {
         let rows = sqlx::query(
-            "SELECT seq, id, topic, ordering_key, state, attempts, created_at, last_error,\n\
+            "SELECT seq, id, topic, ordering_key, state::bigint AS state, attempts::bigint AS attempts,\n\
+               created_at, last_error,\n\
                octet_length(payload)::bigint AS size\n\
              FROM idem_outbox WHERE state = $1 ORDER BY seq LIMIT $2",
         )
@@ -202,21 +183,7 @@ impl Dialect for Postgres {
         .bind(limit)
         .fetch_all(pool)
         .await?;
-        rows.into_iter()
-            .map(|r| {
-                Ok(ListedMessage {
-                    seq: r.try_get("seq")?,
-                    id: r.try_get("id")?,
-                    topic: r.try_get("topic")?,
-                    ordering_key: r.try_get("ordering_key")?,
-                    state: MessageState::from_code(i64::from(r.try_get::<i16, _>("state")?)),
-                    attempts: r.try_get::<i32, _>("attempts")?.max(0) as u32,
-                    created_at: r.try_get("created_at")?,
-                    last_error: r.try_get("last_error")?,
-                    payload_bytes: r.try_get::<i64, _>("size")?.max(0) as u64,
-                })
-            })
-            .collect()
+        rows.iter().map(dialect::listed).collect()
     }
 
     async fn retry<'a>(pool: &'a PgPool, id: &'a str) -> Result<bool, sqlx::Error> {

@@ -1,27 +1,16 @@
 //! The outbox's statements on SQLite. One writer at a time: `seq` order is
 //! commit order without any lock of ours, and a claim is one `UPDATE`.
 
-use sqlx::sqlite::SqliteRow;
-use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
+use sqlx::{QueryBuilder, Sqlite, SqliteConnection, SqlitePool};
 
-use super::dialect::{Backlog, Claimed, Dialect, ListedMessage, MessageState, NewRow, Wakeup};
+use super::dialect::{
+    self, Backlog, Claimed, Dialect, ListedMessage, MessageState, NewRow, Wakeup,
+};
 
 macro_rules! now_ms {
     () => {
         "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
     };
-}
-
-fn claimed(row: SqliteRow) -> Result<Claimed, sqlx::Error> {
-    Ok(Claimed {
-        seq: row.try_get("seq")?,
-        id: row.try_get("id")?,
-        topic: row.try_get("topic")?,
-        ordering_key: row.try_get("ordering_key")?,
-        headers: row.try_get("headers")?,
-        payload: row.try_get("payload")?,
-        attempts: row.try_get("attempts")?,
-    })
 }
 
 fn push_seqs(q: &mut QueryBuilder<'_, Sqlite>, seqs: &[i64]) {
@@ -95,7 +84,7 @@ impl Dialect for Sqlite {
         .bind(limit)
         .fetch_all(pool)
         .await?;
-        rows.into_iter().map(claimed).collect()
+        rows.iter().map(dialect::claimed).collect()
     }
 
     async fn mark_sent<'a>(
@@ -150,17 +139,7 @@ impl Dialect for Sqlite {
         .bind(with_sent)
         .fetch_all(pool)
         .await?;
-        rows.into_iter()
-            .map(|r| {
-                Ok(Backlog {
-                    topic: r.try_get("topic")?,
-                    pending: r.try_get::<i64, _>("pending")?.max(0) as u64,
-                    parked: r.try_get::<i64, _>("parked")?.max(0) as u64,
-                    sent: r.try_get::<i64, _>("sent")?.max(0) as u64,
-                    oldest_pending_ms: r.try_get::<i64, _>("oldest")?.max(0) as u64,
-                })
-            })
-            .collect()
+        rows.iter().map(dialect::backlog).collect()
     }
 
     async fn list(
@@ -177,21 +156,7 @@ impl Dialect for Sqlite {
         .bind(limit)
         .fetch_all(pool)
         .await?;
-        rows.into_iter()
-            .map(|r| {
-                Ok(ListedMessage {
-                    seq: r.try_get("seq")?,
-                    id: r.try_get("id")?,
-                    topic: r.try_get("topic")?,
-                    ordering_key: r.try_get("ordering_key")?,
-                    state: MessageState::from_code(r.try_get("state")?),
-                    attempts: r.try_get::<i64, _>("attempts")?.max(0) as u32,
-                    created_at: r.try_get("created_at")?,
-                    last_error: r.try_get("last_error")?,
-                    payload_bytes: r.try_get::<i64, _>("size")?.max(0) as u64,
-                })
-            })
-            .collect()
+        rows.iter().map(dialect::listed).collect()
     }
 
     async fn retry<'a>(pool: &'a SqlitePool, id: &'a str) -> Result<bool, sqlx::Error> {
