@@ -14,7 +14,7 @@ use idem_tests::services;
 use redis::AsyncCommands;
 
 use super::sinks::{applied, consume};
-use super::{postgres, tag, until};
+use super::{postgres, redis, tag, until};
 
 /// The schema the pool's `search_path` names.
 async fn schema(pool: &sqlx::PgPool) -> String {
@@ -56,10 +56,7 @@ fn wait_for(rx: &std::sync::mpsc::Receiver<String>, line: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_producer_killed_after_its_commit_still_publishes_and_is_applied_once() {
     let Some(db) = postgres().await else { return };
-    let url = services::redis_url();
-    let Some(client) = services::reachable("Redis", &url, redis::Client::open(url.as_str())) else {
-        return;
-    };
+    let Some(client) = redis().await else { return };
     let stream = format!("idem-test-outbox-kill-{}", tag());
     let id = format!("{stream}-order");
     let schema = schema(&db.pool).await;
@@ -89,10 +86,7 @@ async fn a_producer_killed_after_its_commit_still_publishes_and_is_applied_once(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_relay_killed_mid_batch_publishes_everything_at_least_once_and_each_applies_once() {
     let Some(db) = postgres().await else { return };
-    let url = services::redis_url();
-    let Some(client) = services::reachable("Redis", &url, redis::Client::open(url.as_str())) else {
-        return;
-    };
+    let Some(client) = redis().await else { return };
     let stream = format!("idem-test-outbox-relaykill-{}", tag());
     const N: usize = 40;
     let ids: Vec<String> = (0..N).map(|i| format!("{stream}-{i}")).collect();
@@ -107,6 +101,7 @@ async fn a_relay_killed_mid_batch_publishes_everything_at_least_once_and_each_ap
     tx.commit().await.unwrap();
 
     let schema = schema(&db.pool).await;
+    let url = services::redis_url();
     let (mut child, lines) = spawn(&["relay", &schema, &url]);
     wait_for(&lines, "relaying");
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();

@@ -125,6 +125,16 @@ pub async fn mysql() -> Option<Db<MySql>> {
     })
 }
 
+/// The Redis the sinks publish to, once it answered (`Client::open` alone
+/// connects to nothing).
+pub async fn redis() -> Option<redis::Client> {
+    let url = services::redis_url();
+    let client = redis::Client::open(url.as_str()).expect("a redis:// URL");
+    let answered = client.get_multiplexed_async_connection().await.map(drop);
+    services::reachable("Redis", &url, answered)?;
+    Some(client)
+}
+
 /// Polls `check` until it holds, failing after `secs` seconds.
 pub async fn until<F, Fut>(what: &str, secs: u64, mut check: F)
 where

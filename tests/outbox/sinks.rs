@@ -18,7 +18,7 @@ use idem_tests::services;
 use redis::AsyncCommands;
 use sqlx::PgPool;
 
-use super::{metric, postgres, recorder, tag, until};
+use super::{metric, postgres, recorder, redis, tag, until};
 
 /// Applications per message id (ids are unique per test).
 pub static APPLIED: LazyLock<Mutex<HashMap<String, u32>>> = LazyLock::new(Mutex::default);
@@ -100,10 +100,7 @@ fn dedup_count(actions: &[Action]) -> (usize, usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_streams_carry_the_id_and_a_republished_message_is_applied_once() {
     let Some(db) = postgres().await else { return };
-    let url = services::redis_url();
-    let Some(client) = services::reachable("Redis", &url, redis::Client::open(url.as_str())) else {
-        return;
-    };
+    let Some(client) = redis().await else { return };
     let stream = format!("idem-test-outbox-{}", tag());
     let ids: Vec<String> = (0..3).map(|i| format!("{stream}-{i}")).collect();
     write(&db.pool, &stream, &ids).await;
@@ -148,10 +145,7 @@ async fn redis_streams_carry_the_id_and_a_republished_message_is_applied_once() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_relays_into_redis_publish_each_message_once_on_the_broker() {
     let Some(db) = postgres().await else { return };
-    let url = services::redis_url();
-    let Some(client) = services::reachable("Redis", &url, redis::Client::open(url.as_str())) else {
-        return;
-    };
+    let Some(client) = redis().await else { return };
     let stream = format!("idem-test-outbox-{}", tag());
     let ids: Vec<String> = (0..300).map(|i| format!("{stream}-{i}")).collect();
     for chunk in ids.chunks(100) {
@@ -299,10 +293,8 @@ async fn rabbitmq_carries_the_id_and_an_unroutable_message_is_not_marked_sent() 
 async fn redis_down_then_back_the_backlog_drains_and_nothing_is_lost() {
     recorder();
     let Some(db) = postgres().await else { return };
+    let Some(direct) = redis().await else { return };
     let url = services::redis_url();
-    let Some(direct) = services::reachable("Redis", &url, redis::Client::open(url.as_str())) else {
-        return;
-    };
     let upstream = url
         .trim_start_matches("redis://")
         .trim_end_matches('/')
