@@ -4,7 +4,7 @@
 
 use std::future::Future;
 
-use sqlx::{ColumnIndex, Decode, Row, Type};
+use sqlx::{ColumnIndex, Database, Decode, Encode, QueryBuilder, Row, Type};
 
 /// Where a message stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,6 +122,22 @@ where
     fn bytes(&self, column: &str) -> Result<Vec<u8>, sqlx::Error> {
         self.try_get(column)
     }
+}
+
+/// `(s1, s2, …)`, each a bound parameter: the `IN` list of the dialects
+/// without arrays.
+#[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+pub(super) fn push_seqs<'a, DB>(q: &mut QueryBuilder<'a, DB>, seqs: &[i64])
+where
+    DB: Database,
+    i64: Encode<'a, DB> + Type<DB>,
+{
+    q.push("(");
+    let mut list = q.separated(", ");
+    for s in seqs {
+        list.push_bind(*s);
+    }
+    q.push(")");
 }
 
 /// A claimed row (`RETURNING`, or MySQL's read after its update).

@@ -20,15 +20,6 @@ macro_rules! now_ms {
     };
 }
 
-fn push_seqs(q: &mut QueryBuilder<'_, MySql>, seqs: &[i64]) {
-    q.push("(");
-    let mut list = q.separated(", ");
-    for s in seqs {
-        list.push_bind(*s);
-    }
-    q.push(")");
-}
-
 impl Dialect for MySql {
     const BACKEND: &'static str = "mysql";
 
@@ -101,7 +92,7 @@ impl Dialect for MySql {
         // Rechecked on the rows' latest versions: another relay may have
         // claimed some since the plain read.
         let mut q = QueryBuilder::<MySql>::new("SELECT seq FROM idem_outbox WHERE seq IN ");
-        push_seqs(&mut q, &candidates);
+        dialect::push_seqs(&mut q, &candidates);
         q.push(concat!(
             " AND state = 0 AND next_attempt_at <= ",
             now_ms!(),
@@ -120,12 +111,12 @@ impl Dialect for MySql {
         q.push(concat!(", next_attempt_at = ", now_ms!(), " + "));
         q.push_bind(lease_ms);
         q.push(" WHERE seq IN ");
-        push_seqs(&mut q, &locked);
+        dialect::push_seqs(&mut q, &locked);
         q.build().execute(&mut *tx).await?;
         let mut q = QueryBuilder::<MySql>::new(
             "SELECT seq, id, topic, ordering_key, headers, payload, CAST(attempts AS SIGNED) AS attempts FROM idem_outbox WHERE seq IN ",
         );
-        push_seqs(&mut q, &locked);
+        dialect::push_seqs(&mut q, &locked);
         let rows = q.build().fetch_all(&mut *tx).await?;
         tx.commit().await?;
         rows.iter().map(dialect::claimed).collect()
@@ -141,7 +132,7 @@ impl Dialect for MySql {
             now_ms!(),
             ", claim_token = NULL, last_error = NULL WHERE seq IN "
         ));
-        push_seqs(&mut q, seqs);
+        dialect::push_seqs(&mut q, seqs);
         q.push(" AND state = 0 AND claim_token = ");
         q.push_bind(token);
         Ok(q.build().execute(pool).await?.rows_affected())

@@ -13,15 +13,6 @@ macro_rules! now_ms {
     };
 }
 
-fn push_seqs(q: &mut QueryBuilder<'_, Sqlite>, seqs: &[i64]) {
-    q.push("(");
-    let mut list = q.separated(", ");
-    for s in seqs {
-        list.push_bind(*s);
-    }
-    q.push(")");
-}
-
 impl Dialect for Sqlite {
     const BACKEND: &'static str = "sqlite";
 
@@ -97,7 +88,7 @@ impl Dialect for Sqlite {
             now_ms!(),
             ", claim_token = NULL, last_error = NULL WHERE seq IN "
         ));
-        push_seqs(&mut q, seqs);
+        dialect::push_seqs(&mut q, seqs);
         q.push(" AND state = 0 AND claim_token = ");
         q.push_bind(token);
         Ok(q.build().execute(pool).await?.rows_affected())
