@@ -8,7 +8,12 @@
 //! completions refused because a newer owner had taken over, and
 //! `idem_claim_seconds` times the claim.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::time::Duration;
+
+use metrics::{Key, Label, Level, Metadata};
 
 use crate::spec::{Kind, Spec};
 
@@ -90,9 +95,96 @@ fn kind(spec: &Spec) -> &'static str {
     }
 }
 
+static METADATA: Metadata<'static> =
+    Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+/// Which metric of which call site: scopes are `&'static str`, compared by
+/// address (two call sites sharing a scope string by value get two entries,
+/// each with the right labels).
+#[derive(PartialEq, Eq)]
+struct Site {
+    name: &'static str,
+    scope: (usize, usize),
+    kind: u8,
+    outcome: Option<CallOutcome>,
+}
+
+impl std::hash::Hash for Site {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        // One word: the addresses and small numbers already tell sites
+        // apart; `SiteHasher` spreads it.
+        let outcome = self.outcome.map_or(0, |o| o as u64 + 1);
+        h.write_u64(
+            (self.scope.0 as u64)
+                ^ ((self.scope.1 as u64) << 40)
+                ^ (self.name.as_ptr() as u64).rotate_left(17)
+                ^ (u64::from(self.kind) << 56)
+                ^ (outcome << 60),
+        );
+    }
+}
+
+/// Fibonacci hashing of the one word `Site` writes: SipHash would cost more
+/// than the lookup saves.
+#[derive(Default)]
+struct SiteHasher(u64);
+
+impl std::hash::Hasher for SiteHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+thread_local! {
+    /// The metric keys every call names, built once per thread: a `Key`
+    /// with labels sorts and hashes them, which on the hot path cost about
+    /// as much as the memory store's claim. Per thread, so no lock; freed
+    /// with the thread.
+    static KEYS: RefCell<HashMap<Site, Key, BuildHasherDefault<SiteHasher>>> =
+        RefCell::new(HashMap::default());
+}
+
+/// Runs `f` with the key of `name` at this call site.
+fn with_key<R>(
+    name: &'static str,
+    spec: &Spec,
+    outcome: Option<CallOutcome>,
+    f: impl FnOnce(&Key) -> R,
+) -> R {
+    let site = Site {
+        name,
+        scope: (spec.scope.as_ptr() as usize, spec.scope.len()),
+        kind: spec.kind as u8,
+        outcome,
+    };
+    KEYS.with(|keys| {
+        let mut keys = keys.borrow_mut();
+        let key = keys.entry(site).or_insert_with(|| {
+            let mut labels = vec![
+                Label::new("scope", spec.scope),
+                Label::new("kind", kind(spec)),
+            ];
+            if let Some(o) = outcome {
+                labels.push(Label::new("outcome", o.as_str()));
+            }
+            Key::from_parts(name, labels)
+        });
+        f(key)
+    })
+}
+
 pub(crate) fn call(spec: &Spec, outcome: CallOutcome) {
-    metrics::counter!("idem_calls_total", "scope" => spec.scope, "kind" => kind(spec), "outcome" => outcome.as_str())
-        .increment(1);
+    with_key("idem_calls_total", spec, Some(outcome), |key| {
+        metrics::with_recorder(|r| r.register_counter(key, &METADATA)).increment(1)
+    });
 }
 
 pub(crate) fn takeover(spec: &Spec) {
@@ -106,8 +198,9 @@ pub(crate) fn fenced(spec: &Spec) {
 }
 
 pub(crate) fn claim_latency(spec: &Spec, took: Duration) {
-    metrics::histogram!("idem_claim_seconds", "scope" => spec.scope, "kind" => kind(spec))
-        .record(took.as_secs_f64());
+    with_key("idem_claim_seconds", spec, None, |key| {
+        metrics::with_recorder(|r| r.register_histogram(key, &METADATA)).record(took.as_secs_f64())
+    });
 }
 
 #[cfg(test)]

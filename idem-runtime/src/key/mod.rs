@@ -174,6 +174,42 @@ impl Key {
     }
 }
 
+/// Hashes a [`Key`] for a `HashMap` by taking eight of its bytes: keys are
+/// SHA-256 digests, already uniform, and SipHash over all 32 on every lookup
+/// is work for nothing. (Maps keyed by anything else must not use it.)
+#[derive(Clone, Copy, Default)]
+pub(crate) struct DigestHasher(u64);
+
+impl DigestHasher {
+    /// For `static` maps, which need a `const` hasher.
+    pub(crate) const fn new() -> DigestHasher {
+        DigestHasher(0)
+    }
+}
+
+impl std::hash::BuildHasher for DigestHasher {
+    type Hasher = DigestHasher;
+    fn build_hasher(&self) -> DigestHasher {
+        DigestHasher(0)
+    }
+}
+
+impl std::hash::Hasher for DigestHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Bytes 8..16 of the digest: maps sharded by key pick the shard by
+        // byte 0, so these stay uniform within a shard.
+        if let Some(word) = bytes.get(8..16) {
+            self.0 = u64::from_le_bytes(word.try_into().expect("eight bytes"));
+        }
+    }
+    fn write_usize(&mut self, _: usize) {
+        // The length prefix of a fixed-size digest says nothing.
+    }
+}
+
 impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Key({})", self.to_hex())

@@ -68,13 +68,15 @@ pub(super) fn claim_failed(spec: &Spec, e: &crate::StoreError) {
     tracing::warn!(error = %e, "claim failed; the body does not run");
 }
 
+/// Claims the key (waiting up to the spec's `wait` while it is busy), and
+/// says when the store answered.
 pub(super) async fn acquire(
     spec: &Spec,
     store: &StoreRef,
     key: &Key,
     token: Token,
     fingerprint: Option<Fingerprint>,
-) -> Result<Acquired, Error> {
+) -> Result<(Acquired, std::time::Instant), Error> {
     let req = ClaimRequest {
         key,
         token,
@@ -87,10 +89,12 @@ pub(super) async fn acquire(
     loop {
         let started = std::time::Instant::now();
         let claim = store.claim(req).await;
-        observe::claim_latency(spec, started.elapsed());
+        // One reading for the latency and for when the body starts.
+        let answered = std::time::Instant::now();
+        observe::claim_latency(spec, answered - started);
         let claim = claim.inspect_err(|e| claim_failed(spec, e))?;
         let lease_remaining = match judge(spec, claim, fingerprint)? {
-            Verdict::Decided(acquired) => return Ok(acquired),
+            Verdict::Decided(acquired) => return Ok((acquired, answered)),
             Verdict::Busy(lease_remaining) => lease_remaining,
         };
         let now = tokio::time::Instant::now();

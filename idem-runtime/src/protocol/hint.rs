@@ -10,10 +10,10 @@
 //! remaining lease, after which the claim is decided either way.
 
 use std::collections::HashMap;
-use std::sync::{LazyLock, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::key::Key;
+use crate::key::{DigestHasher, Key};
 
 use super::Spec;
 
@@ -24,12 +24,13 @@ const FLOOR: Duration = Duration::from_millis(50);
 
 /// Moving averages of how long calls took, per scope. Scopes are
 /// `&'static str`, a fixed set per program, so the map is bounded.
-static OBSERVED: LazyLock<Mutex<HashMap<&'static str, Duration>>> = LazyLock::new(Default::default);
+static OBSERVED: Mutex<HashMap<&'static str, Duration, ScopeHasher>> =
+    Mutex::new(HashMap::with_hasher(ScopeHasher(0)));
 
 /// The calls running in this process and when they started: at most one
 /// entry per call in flight, removed when it ends (or is dropped).
 static RUNNING: [Mutex<HashMap<Key, Instant, DigestHasher>>; SHARDS] =
-    [const { Mutex::new(HashMap::with_hasher(DigestHasher(0))) }; SHARDS];
+    [const { Mutex::new(HashMap::with_hasher(DigestHasher::new())) }; SHARDS];
 
 /// Every call enters and leaves `RUNNING`: shards keep concurrent calls off
 /// one lock, picked by the key's first byte (keys are SHA-256 digests, so
@@ -40,30 +41,26 @@ fn running(key: &Key) -> std::sync::MutexGuard<'_, HashMap<Key, Instant, DigestH
     lock(&RUNNING[usize::from(key.as_bytes()[0]) % SHARDS])
 }
 
-/// Keys are already uniform digests: eight of their bytes are a hash, and
-/// SipHash over all 32 on every call would be work for nothing.
+/// Scopes are short strings: FNV-1a over their bytes, not SipHash, on the
+/// one lookup every call makes when it finishes.
 #[derive(Clone, Copy, Default)]
-struct DigestHasher(u64);
+struct ScopeHasher(u64);
 
-impl std::hash::BuildHasher for DigestHasher {
-    type Hasher = DigestHasher;
-    fn build_hasher(&self) -> DigestHasher {
-        DigestHasher(0)
+impl std::hash::BuildHasher for ScopeHasher {
+    type Hasher = ScopeHasher;
+    fn build_hasher(&self) -> ScopeHasher {
+        ScopeHasher(0xcbf2_9ce4_8422_2325)
     }
 }
 
-impl std::hash::Hasher for DigestHasher {
+impl std::hash::Hasher for ScopeHasher {
     fn finish(&self) -> u64 {
         self.0
     }
     fn write(&mut self, bytes: &[u8]) {
-        // Bytes 8..16 of the digest: the shard took byte 0.
-        if let Some(word) = bytes.get(8..16) {
-            self.0 = u64::from_le_bytes(word.try_into().expect("eight bytes"));
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
         }
-    }
-    fn write_usize(&mut self, _: usize) {
-        // The length prefix of a fixed-size digest says nothing.
     }
 }
 
@@ -75,8 +72,9 @@ pub(super) struct Running {
 }
 
 impl Running {
-    pub(super) fn start(spec: &Spec, key: Key) -> Running {
-        let started = Instant::now();
+    /// The body starts now; `started` is a reading of the clock just taken
+    /// (the claim's answer), saving another.
+    pub(super) fn start(spec: &Spec, key: Key, started: Instant) -> Running {
         running(&key).insert(key, started);
         Running {
             scope: spec.scope,

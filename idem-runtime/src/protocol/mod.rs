@@ -272,7 +272,8 @@ where
         };
         let started = std::time::Instant::now();
         let claim = conn.tx_connection().claim(req).await;
-        observe::claim_latency(spec, started.elapsed());
+        let answered = std::time::Instant::now();
+        observe::claim_latency(spec, answered - started);
         let claim = claim
             .inspect_err(|e| claim_failed(spec, e))
             .map_err(Error::from)?;
@@ -293,7 +294,7 @@ where
             Some(fence),
             None,
         );
-        let running = hint::Running::start(spec, key);
+        let running = hint::Running::start(spec, key, answered);
         let out = flow::scope(ctx, body(&mut *conn)).await;
         running.finish();
         finish(spec, conn.tx_connection(), &key, token, out, &ReleaseAll).await
@@ -451,8 +452,8 @@ where
     async move {
         let token = Token::random();
         match acquire(spec, &store, &key, token, fingerprint).await? {
-            Acquired::Replay(stored) => replay(spec, stored, policy),
-            Acquired::Owner { fence } => {
+            (Acquired::Replay(stored), _) => replay(spec, stored, policy),
+            (Acquired::Owner { fence }, answered) => {
                 tracing::Span::current().record("fence", fence);
                 let ctx = FlowContext::new(
                     key,
@@ -464,7 +465,7 @@ where
                     Some(token),
                 );
                 let beat = heartbeat(&store, &key, token, spec.lease, &ctx, body);
-                let running = hint::Running::start(spec, key);
+                let running = hint::Running::start(spec, key, answered);
                 let out = flow::scope(ctx.clone(), beat).await;
                 running.finish();
                 let mut store = store;

@@ -12,7 +12,7 @@ use super::{
 };
 use crate::clock::{Clock, SystemClock, duration_millis};
 use crate::error::StoreError;
-use crate::key::{Fingerprint, Key};
+use crate::key::{DigestHasher, Fingerprint, Key};
 
 // A power of two, so the shard is a mask of the (uniformly random) key hash.
 const SHARDS: usize = 64;
@@ -44,7 +44,7 @@ struct Record {
 
 #[derive(Debug)]
 struct Inner {
-    shards: Vec<Mutex<HashMap<Key, Record>>>,
+    shards: Vec<Mutex<HashMap<Key, Record, DigestHasher>>>,
     clock: Arc<dyn Clock>,
     max_result_bytes: usize,
 }
@@ -94,7 +94,9 @@ impl MemoryStoreBuilder {
     pub fn build(self) -> MemoryStore {
         MemoryStore {
             inner: Arc::new(Inner {
-                shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+                shards: (0..SHARDS)
+                    .map(|_| Mutex::new(HashMap::with_hasher(DigestHasher::default())))
+                    .collect(),
                 clock: self.clock,
                 max_result_bytes: self.max_result_bytes,
             }),
@@ -122,7 +124,7 @@ impl MemoryStore {
         }
     }
 
-    fn shard(&self, key: &Key) -> MutexGuard<'_, HashMap<Key, Record>> {
+    fn shard(&self, key: &Key) -> MutexGuard<'_, HashMap<Key, Record, DigestHasher>> {
         let idx = usize::from(key.as_bytes()[0]) & (SHARDS - 1);
         // A panic while holding the lock cannot leave a record half-written (every
         // mutation is a single assignment), so a poisoned shard is still consistent.
