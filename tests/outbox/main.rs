@@ -10,6 +10,7 @@
 mod crash;
 mod scenarios;
 mod sinks;
+mod statements;
 
 use std::future::Future;
 use std::str::FromStr;
