@@ -412,22 +412,71 @@ fn pg_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn postgres_private_schema() {
-    let Some(admin) = skip("PostgreSQL", sqlx::PgPool::connect(&pg_url()).await) else {
-        return;
-    };
-    let schema = format!("idem_cli_{}", random_hex());
+/// A schema of the test's own on PostgreSQL: the admin pool, its name, and
+/// a URL whose `search_path` is it.
+async fn pg_private_schema(tag: &str) -> Option<(sqlx::PgPool, String, String)> {
+    let admin = skip("PostgreSQL", sqlx::PgPool::connect(&pg_url()).await)?;
+    let schema = format!("idem_cli_{tag}{}", random_hex());
     sqlx::query(&format!("CREATE SCHEMA {schema}"))
         .execute(&admin)
         .await
         .unwrap();
+    Some((admin, schema.clone(), pg_url_in(&schema)))
+}
+
+/// The PostgreSQL URL with `search_path` set to `schema`.
+fn pg_url_in(schema: &str) -> String {
     let sep = if pg_url().contains('?') { '&' } else { '?' };
-    let url = format!("{}{sep}options[search_path]={schema}", pg_url());
+    format!("{}{sep}options[search_path]={schema}", pg_url())
+}
+
+async fn drop_schema(admin: &sqlx::PgPool, schema: &str) {
+    sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+        .execute(admin)
+        .await
+        .unwrap();
+}
+
+/// A database of the test's own on MySQL: the admin pool, its name, its
+/// connect options and its URL.
+async fn mysql_private_database_of(
+    tag: &str,
+) -> Option<(
+    sqlx::MySqlPool,
+    String,
+    sqlx::mysql::MySqlConnectOptions,
+    String,
+)> {
+    let base = mysql_base();
+    let admin = skip("MySQL", sqlx::MySqlPool::connect(&base).await)?;
+    let db = format!("idem_cli_{tag}{}", random_hex());
+    sqlx::raw_sql(&format!("CREATE DATABASE `{db}`"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let options = sqlx::mysql::MySqlConnectOptions::from_str(&base)
+        .unwrap()
+        .database(&db);
+    let (prefix, _) = base.rsplit_once('/').unwrap();
+    let url = format!("{prefix}/{db}");
+    Some((admin, db, options, url))
+}
+
+async fn drop_database(admin: &sqlx::MySqlPool, db: &str) {
+    sqlx::raw_sql(&format!("DROP DATABASE `{db}`"))
+        .execute(admin)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_private_schema() {
+    let Some((admin, schema, url)) = pg_private_schema("").await else {
+        return;
+    };
     let store = StoreRef::new(PgStore::connect(&url).await.unwrap());
     fixture(&store).await;
-    let u = url.clone();
-    tokio::task::spawn_blocking(move || operate(&u, &[]))
+    tokio::task::spawn_blocking(move || operate(&url, &[]))
         .await
         .unwrap();
     // The table missing (another schema): a hint, not just the SQL error.
@@ -436,49 +485,25 @@ async fn postgres_private_schema() {
         .execute(&admin)
         .await
         .unwrap();
-    let o = idem(
-        &[
-            "--store",
-            &format!("{}{sep}options[search_path]={empty}", pg_url()),
-            "stats",
-        ],
-        &[],
-    );
+    let o = idem(&["--store", &pg_url_in(&empty), "stats"], &[]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("idem schema"), "{}", stderr(&o));
     for s in [schema, empty] {
-        sqlx::query(&format!("DROP SCHEMA {s} CASCADE"))
-            .execute(&admin)
-            .await
-            .unwrap();
+        drop_schema(&admin, &s).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn mysql_private_database() {
-    let base = mysql_base();
-    let Some(admin) = skip("MySQL", sqlx::MySqlPool::connect(&base).await) else {
+    let Some((admin, db, options, url)) = mysql_private_database_of("").await else {
         return;
     };
-    let db = format!("idem_cli_{}", random_hex());
-    sqlx::raw_sql(&format!("CREATE DATABASE `{db}`"))
-        .execute(&admin)
-        .await
-        .unwrap();
-    let options = sqlx::mysql::MySqlConnectOptions::from_str(&base)
-        .unwrap()
-        .database(&db);
     let store = StoreRef::new(MySqlStore::builder().connect_with(options).await.unwrap());
     fixture(&store).await;
-    let (prefix, _) = base.rsplit_once('/').unwrap();
-    let url = format!("{prefix}/{db}");
     tokio::task::spawn_blocking(move || operate(&url, &[]))
         .await
         .unwrap();
-    sqlx::raw_sql(&format!("DROP DATABASE `{db}`"))
-        .execute(&admin)
-        .await
-        .unwrap();
+    drop_database(&admin, &db).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -704,54 +729,30 @@ async fn outbox_sqlite_file() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn outbox_postgres_private_schema() {
-    let Some(admin) = skip("PostgreSQL", sqlx::PgPool::connect(&pg_url()).await) else {
+    let Some((admin, schema, url)) = pg_private_schema("outbox_").await else {
         return;
     };
-    let schema = format!("idem_cli_outbox_{}", random_hex());
-    sqlx::query(&format!("CREATE SCHEMA {schema}"))
-        .execute(&admin)
-        .await
-        .unwrap();
-    let sep = if pg_url().contains('?') { '&' } else { '?' };
-    let url = format!("{}{sep}options[search_path]={schema}", pg_url());
     let store = PgStore::connect(&url).await.unwrap();
     outbox_fixture(store.pool()).await;
     store.pool().close().await;
     tokio::task::spawn_blocking(move || operate_outbox(&url))
         .await
         .unwrap();
-    sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
-        .execute(&admin)
-        .await
-        .unwrap();
+    drop_schema(&admin, &schema).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn outbox_mysql_private_database() {
-    let base = mysql_base();
-    let Some(admin) = skip("MySQL", sqlx::MySqlPool::connect(&base).await) else {
+    let Some((admin, db, options, url)) = mysql_private_database_of("outbox_").await else {
         return;
     };
-    let db = format!("idem_cli_outbox_{}", random_hex());
-    sqlx::raw_sql(&format!("CREATE DATABASE `{db}`"))
-        .execute(&admin)
-        .await
-        .unwrap();
-    let options = sqlx::mysql::MySqlConnectOptions::from_str(&base)
-        .unwrap()
-        .database(&db);
     let store = MySqlStore::builder().connect_with(options).await.unwrap();
     outbox_fixture(store.pool()).await;
     store.pool().close().await;
-    let (prefix, _) = base.rsplit_once('/').unwrap();
-    let url = format!("{prefix}/{db}");
     tokio::task::spawn_blocking(move || operate_outbox(&url))
         .await
         .unwrap();
-    sqlx::raw_sql(&format!("DROP DATABASE `{db}`"))
-        .execute(&admin)
-        .await
-        .unwrap();
+    drop_database(&admin, &db).await;
 }
 
 /// `idem outbox relay` as a service runs it: a child process, stopped by
