@@ -126,7 +126,6 @@ where
 
 /// `(s1, s2, …)`, each a bound parameter: the `IN` list of the dialects
 /// without arrays.
-#[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
 pub(super) fn push_seqs<'a, DB>(q: &mut QueryBuilder<'a, DB>, seqs: &[i64])
 where
     DB: Database,
@@ -213,12 +212,13 @@ pub trait Dialect: sqlx::Database {
         seqs: &'a [i64],
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
 
-    /// Gives the row back, due after `retry_in_ms`, with the reason; parked
-    /// instead when `park`.
+    /// Gives the rows still claimed under `token` back, due after
+    /// `retry_in_ms`, with the reason; parked instead when `park`. One
+    /// statement for all of them: during an outage a whole batch fails alike.
     fn mark_failed<'a>(
         pool: &'a sqlx::Pool<Self>,
         token: &'a [u8],
-        seq: i64,
+        seqs: &'a [i64],
         reason: &'a str,
         retry_in_ms: i64,
         park: bool,

@@ -141,25 +141,22 @@ impl Dialect for MySql {
     async fn mark_failed<'a>(
         pool: &'a MySqlPool,
         token: &'a [u8],
-        seq: i64,
+        seqs: &'a [i64],
         reason: &'a str,
         retry_in_ms: i64,
         park: bool,
     ) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(concat!(
-            "UPDATE idem_outbox SET state = IF(?, 2, 0), claim_token = NULL, last_error = ?,\n",
-            "  next_attempt_at = ",
-            now_ms!(),
-            " + ?\nWHERE seq = ? AND claim_token = ? AND state = 0"
-        ))
-        .bind(park)
-        .bind(reason)
-        .bind(retry_in_ms)
-        .bind(seq)
-        .bind(token)
-        .execute(pool)
-        .await?;
-        Ok(done.rows_affected())
+        let mut q = QueryBuilder::<MySql>::new("UPDATE idem_outbox SET state = IF(");
+        q.push_bind(park);
+        q.push(", 2, 0), claim_token = NULL, last_error = ");
+        q.push_bind(reason);
+        q.push(concat!(", next_attempt_at = ", now_ms!(), " + "));
+        q.push_bind(retry_in_ms);
+        q.push(" WHERE seq IN ");
+        dialect::push_seqs(&mut q, seqs);
+        q.push(" AND state = 0 AND claim_token = ");
+        q.push_bind(token);
+        Ok(q.build().execute(pool).await?.rows_affected())
     }
 
     async fn backlog(pool: &MySqlPool, with_sent: bool) -> Result<Vec<Backlog>, sqlx::Error> {

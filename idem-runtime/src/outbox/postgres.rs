@@ -129,7 +129,7 @@ impl Dialect for Postgres {
     async fn mark_failed<'a>(
         pool: &'a PgPool,
         token: &'a [u8],
-        seq: i64,
+        seqs: &'a [i64],
         reason: &'a str,
         retry_in_ms: i64,
         park: bool,
@@ -139,9 +139,9 @@ impl Dialect for Postgres {
             "  last_error = $3, next_attempt_at = ",
             now_ms!(),
             " + $5\n",
-            "WHERE seq = $1 AND claim_token = $2 AND state = 0"
+            "WHERE seq = ANY($1) AND claim_token = $2 AND state = 0"
         ))
-        .bind(seq)
+        .bind(seqs)
         .bind(token)
         .bind(reason)
         .bind(park)

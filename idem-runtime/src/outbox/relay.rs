@@ -226,9 +226,12 @@ impl<DB: OutboxDatabase> Relay<DB> {
         if claimed.is_empty() {
             return Ok(round);
         }
-        let (worn_out, to_send): (Vec<Claimed>, Vec<Claimed>) = claimed
+        let (worn_out, mut to_send): (Vec<Claimed>, Vec<Claimed>) = claimed
             .into_iter()
             .partition(|c| c.attempts > i64::from(self.s.max_attempts));
+        // Failures are marked in groups that share a reason, a backoff and a
+        // verdict: one statement for a batch the broker refused whole.
+        let mut failures: BTreeMap<(String, Duration, bool), Vec<&Claimed>> = BTreeMap::new();
         for c in &worn_out {
             let reason = format!(
                 "claimed {} times without a broker confirmation: the relays holding it died or hung \
@@ -236,20 +239,24 @@ impl<DB: OutboxDatabase> Relay<DB> {
                 c.attempts - 1,
                 self.s.max_attempts
             );
-            self.fail(&token, c, &reason, true).await?;
-            round.parked += 1;
+            failures
+                .entry((reason, self.backoff_for(c.attempts.max(1) as u32), true))
+                .or_default()
+                .push(c);
         }
-        if to_send.is_empty() {
-            return Ok(round);
-        }
-        let outgoing: Vec<Outgoing> = to_send.iter().map(outgoing).collect();
-        // Past the lease another relay may publish the batch too; giving up
-        // before it keeps that rare (and a late confirmation is then a retry).
+        // The payloads move to the sink: the claimed rows keep what marking needs.
+        let outgoing: Vec<Outgoing> = to_send.iter_mut().map(outgoing).collect();
         let budget = self.s.lease.mul_f64(0.8);
-        // No answer in time counts as a failure for every message.
-        let results = tokio::time::timeout(budget, self.sink.publish(&outgoing))
-            .await
-            .unwrap_or_default();
+        let results = if outgoing.is_empty() {
+            Vec::new()
+        } else {
+            // Past the lease another relay may publish the batch too; giving
+            // up before it keeps that rare (and a late confirmation is then a
+            // retry). No answer in time counts as a failure for every message.
+            tokio::time::timeout(budget, self.sink.publish(&outgoing))
+                .await
+                .unwrap_or_default()
+        };
         let mut sent = Vec::new();
         let mut sent_topics: BTreeMap<&str, u64> = BTreeMap::new();
         for (i, c) in to_send.iter().enumerate() {
@@ -266,16 +273,19 @@ impl<DB: OutboxDatabase> Relay<DB> {
                     let attempt = c.attempts.max(1) as u32;
                     let park = attempt >= self.s.max_attempts;
                     tracing::warn!(id = %c.id, topic = %c.topic, attempt, park, %reason, "outbox: publish failed");
-                    self.fail(&token, c, &reason, park).await?;
-                    if park {
-                        round.parked += 1;
-                    } else {
-                        round.failed += 1;
-                        self.counters.failed.fetch_add(1, Ordering::Relaxed);
-                        metrics::counter!("idem_outbox_failed_total", "topic" => c.topic.clone())
-                            .increment(1);
-                    }
+                    failures
+                        .entry((reason, self.backoff_for(attempt), park))
+                        .or_default()
+                        .push(c);
                 }
+            }
+        }
+        for ((reason, retry_in, park), group) in &failures {
+            self.fail(&token, group, reason, *retry_in, *park).await?;
+            if *park {
+                round.parked += group.len();
+            } else {
+                round.failed += group.len();
             }
         }
         if !sent.is_empty() {
@@ -298,25 +308,38 @@ impl<DB: OutboxDatabase> Relay<DB> {
     async fn fail(
         &self,
         token: &[u8],
-        c: &Claimed,
+        group: &[&Claimed],
         reason: &str,
+        retry_in: Duration,
         park: bool,
     ) -> Result<(), StoreError> {
-        let retry_in = self.backoff_for(c.attempts.max(1) as u32);
+        let seqs: Vec<i64> = group.iter().map(|c| c.seq).collect();
         DB::mark_failed(
             &self.pool,
             token,
-            c.seq,
+            &seqs,
             reason,
             retry_in.as_millis() as i64,
             park,
         )
         .await
         .map_err(store_error::<DB>)?;
-        if park {
-            tracing::error!(id = %c.id, topic = %c.topic, %reason, "outbox: message parked");
-            self.counters.parked.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!("idem_outbox_parked_total", "topic" => c.topic.clone()).increment(1);
+        let counter = if park {
+            &self.counters.parked
+        } else {
+            &self.counters.failed
+        };
+        counter.fetch_add(group.len() as u64, Ordering::Relaxed);
+        let name = if park {
+            "idem_outbox_parked_total"
+        } else {
+            "idem_outbox_failed_total"
+        };
+        for c in group {
+            if park {
+                tracing::error!(id = %c.id, topic = %c.topic, %reason, "outbox: message parked");
+            }
+            metrics::counter!(name, "topic" => c.topic.clone()).increment(1);
         }
         Ok(())
     }
@@ -406,7 +429,7 @@ impl<DB: OutboxDatabase> Relay<DB> {
     }
 }
 
-fn outgoing(c: &Claimed) -> Outgoing {
+fn outgoing(c: &mut Claimed) -> Outgoing {
     let headers = c
         .headers
         .as_deref()
@@ -417,7 +440,7 @@ fn outgoing(c: &Claimed) -> Outgoing {
         topic: c.topic.clone(),
         ordering_key: c.ordering_key.clone(),
         headers,
-        payload: c.payload.clone(),
+        payload: std::mem::take(&mut c.payload),
         attempt: c.attempts.max(1) as u32,
     }
 }

@@ -97,25 +97,22 @@ impl Dialect for Sqlite {
     async fn mark_failed<'a>(
         pool: &'a SqlitePool,
         token: &'a [u8],
-        seq: i64,
+        seqs: &'a [i64],
         reason: &'a str,
         retry_in_ms: i64,
         park: bool,
     ) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(concat!(
-            "UPDATE idem_outbox SET state = CASE WHEN ?1 THEN 2 ELSE 0 END, claim_token = NULL,\n",
-            "  last_error = ?2, next_attempt_at = ",
-            now_ms!(),
-            " + ?3\nWHERE seq = ?4 AND claim_token = ?5 AND state = 0"
-        ))
-        .bind(park)
-        .bind(reason)
-        .bind(retry_in_ms)
-        .bind(seq)
-        .bind(token)
-        .execute(pool)
-        .await?;
-        Ok(done.rows_affected())
+        let mut q = QueryBuilder::<Sqlite>::new("UPDATE idem_outbox SET state = CASE WHEN ");
+        q.push_bind(park);
+        q.push(" THEN 2 ELSE 0 END, claim_token = NULL, last_error = ");
+        q.push_bind(reason);
+        q.push(concat!(", next_attempt_at = ", now_ms!(), " + "));
+        q.push_bind(retry_in_ms);
+        q.push(" WHERE seq IN ");
+        dialect::push_seqs(&mut q, seqs);
+        q.push(" AND state = 0 AND claim_token = ");
+        q.push_bind(token);
+        Ok(q.build().execute(pool).await?.rows_affected())
     }
 
     async fn backlog(pool: &SqlitePool, with_sent: bool) -> Result<Vec<Backlog>, sqlx::Error> {
