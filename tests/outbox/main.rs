@@ -290,4 +290,5 @@ on_every_database!(
     a_message_is_parked_after_max_attempts_and_retry_sends_it,
     a_relay_that_dies_holding_a_batch_leaves_it_to_the_next,
     sent_messages_are_purged_after_the_retention,
+    a_relay_that_finishes_after_its_lease_marks_nothing,
 );

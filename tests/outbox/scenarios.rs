@@ -605,3 +605,85 @@ pub async fn sent_messages_are_purged_after_the_retention<DB: OutboxDatabase>(po
         "unsent messages are never purged"
     );
 }
+
+/// A broker that holds its answer until told: a relay stalled past its lease.
+struct Stalls {
+    publishing: Arc<AtomicBool>,
+    release: Arc<tokio::sync::Notify>,
+    inner: MemorySink,
+}
+
+#[async_trait::async_trait]
+impl Sink for Stalls {
+    fn name(&self) -> &'static str {
+        "stalls"
+    }
+    async fn publish(&self, batch: &[Outgoing]) -> Vec<Result<(), BrokerError>> {
+        self.publishing.store(true, Ordering::SeqCst);
+        self.release.notified().await;
+        self.inner.publish(batch).await
+    }
+}
+
+/// A stale relay acting late: its lease ran out while the broker held its
+/// answer, another relay published and marked the batch, and then the
+/// broker confirms to the first. It marks nothing and counts nothing: the
+/// messages are sent once in the table, counted once.
+pub async fn a_relay_that_finishes_after_its_lease_marks_nothing<DB: OutboxDatabase>(
+    pool: &Pool<DB>,
+) {
+    let topic = format!("stale.{}", tag());
+    let mut tx = pool.begin().await.unwrap();
+    outbox::put_all(&mut tx, (0..3).map(|i| msg(&topic, &format!("s-{i}"))))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let (late_sink, mut late_rx) = MemorySink::channel(100);
+    let publishing = Arc::new(AtomicBool::new(false));
+    let release = Arc::new(tokio::sync::Notify::new());
+    let stale = Relay::builder(
+        pool.clone(),
+        Stalls {
+            publishing: publishing.clone(),
+            release: release.clone(),
+            inner: late_sink,
+        },
+    )
+    // Its lease is long (the relay's own deadline is 80 % of it); the test
+    // ends it by hand below.
+    .lease(Duration::from_secs(30))
+    .build();
+    let stale = Arc::new(stale);
+    let first = {
+        let stale = stale.clone();
+        tokio::spawn(async move { stale.run_once().await.unwrap() })
+    };
+    until("the first relay to publish", 10, || {
+        std::future::ready(publishing.load(Ordering::SeqCst))
+    })
+    .await;
+    // The first relay's claim ends as if its lease had run out (an
+    // operator's `retry` makes the messages due at once, claims cleared).
+    for i in 0..3 {
+        assert!(outbox::retry(pool, &format!("s-{i}")).await.unwrap());
+    }
+    let (sink, mut rx) = MemorySink::channel(100);
+    let next = Relay::builder(pool.clone(), sink).build();
+    assert_eq!(next.run_once().await.unwrap().published, 3);
+    release.notify_one();
+    let late = first.await.unwrap();
+    assert_eq!(late.claimed, 3);
+    assert_eq!(
+        late.published, 0,
+        "the stale relay marked nothing: {late:?}"
+    );
+    assert_eq!(stale.stats().published, 0);
+    assert_eq!(
+        drain(&mut late_rx).len(),
+        3,
+        "it did publish (at least once)"
+    );
+    assert_eq!(ids(&drain(&mut rx)), ["s-0", "s-1", "s-2"]);
+    let b = backlog_of(pool, &topic).await;
+    assert_eq!((b.pending, b.sent, b.parked), (0, 3, 0));
+}

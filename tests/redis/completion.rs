@@ -139,3 +139,42 @@ async fn renewals_then_a_completion_and_a_resent_completion_all_succeed_and_a_st
     let info = store.inspect(&other).await.unwrap().expect("record");
     assert_eq!(info.fence, 2);
 }
+
+/// A completion whose owner holds no record bytes (the claim was made by
+/// another store instance: another process, or one restarted) falls back to
+/// `complete.lua`, on every server, and is still fenced by token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_without_the_held_record_takes_the_script_and_is_still_fenced() {
+    let url = services::redis_url();
+    let prefix = unique_prefix();
+    let open = || {
+        RedisStore::builder()
+            .key_prefix(prefix.clone())
+            .connect(&url)
+    };
+    let Some(claimer) = services::reachable("Redis", &address(&url), open().await) else {
+        return;
+    };
+    let completer = open().await.unwrap();
+    let key = key("completion-elsewhere");
+    let token = Token::random();
+    assert!(matches!(
+        claimer.claim(request(&key, token)).await.unwrap(),
+        Claim::Acquired { fence: 1, .. }
+    ));
+    assert!(
+        !completer
+            .complete(&key, Token::random(), completion(b"not mine"))
+            .await
+            .unwrap(),
+        "another token is fenced"
+    );
+    assert!(
+        completer
+            .complete(&key, token, completion(b"done elsewhere"))
+            .await
+            .unwrap()
+    );
+    let info = claimer.inspect(&key).await.unwrap().expect("record");
+    assert_eq!(info.state, idem_runtime::store::RecordState::Done);
+}
