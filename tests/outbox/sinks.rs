@@ -428,3 +428,117 @@ async fn postgres_wakes_a_waiting_relay_at_commit_and_a_busy_one_costs_writers_n
 async fn ours(listener: &mut sqlx::postgres::PgListener, schema: &str) {
     while listener.recv().await.unwrap().payload() != schema {}
 }
+
+/// The relay's database goes away and comes back: `run` logs the failed
+/// rounds and keeps going, and what was committed meanwhile is published
+/// once the database answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_outlives_a_database_outage() {
+    let Some(db) = postgres().await else { return };
+    let schema: String = sqlx::query_scalar("SELECT current_schema()")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let url = services::postgres_url();
+    let options = <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(&url).unwrap();
+    let proxy =
+        idem_tests::proxy::Proxy::start(format!("{}:{}", options.get_host(), options.get_port()))
+            .await;
+    let through_proxy = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect_with(
+            options
+                .host("127.0.0.1")
+                .port(proxy.port())
+                .options([("search_path", schema.as_str())]),
+        )
+        .await
+        .unwrap();
+    let (sink, mut rx) = outbox::sink::MemorySink::channel(10);
+    let relay = std::sync::Arc::new(
+        Relay::builder(through_proxy, sink)
+            .poll_interval(Duration::from_millis(50))
+            .build(),
+    );
+    let stop = std::sync::Arc::new(tokio::sync::Notify::new());
+    let running = {
+        let (relay, stop) = (relay.clone(), stop.clone());
+        tokio::spawn(async move { relay.run_until(stop.notified()).await })
+    };
+    let topic = format!("outage.db.{}", tag());
+    write(&db.pool, &topic, &[format!("{topic}-before")]).await;
+    let first = tokio::time::timeout(Duration::from_secs(20), rx.recv())
+        .await
+        .expect("published before the outage")
+        .unwrap();
+    assert_eq!(first.id.as_str(), format!("{topic}-before"));
+
+    proxy.set_down(true).await;
+    write(&db.pool, &topic, &[format!("{topic}-during")]).await;
+    // Rounds fail while it is down (the loop must not end on them).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!running.is_finished(), "the relay kept running");
+    assert!(rx.try_recv().is_err());
+    proxy.set_down(false).await;
+    let after = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+        .await
+        .expect("published once the database answered again")
+        .unwrap();
+    assert_eq!(after.id.as_str(), format!("{topic}-during"));
+    stop.notify_one();
+    running.await.unwrap();
+    db.drop().await;
+}
+
+/// RabbitMQ closes the sink's connection (a restart, a network cut) and comes
+/// back: `RabbitMqSink::connect` opens a new one on the next publish, so a
+/// long-running relay needs no restart. Cut and restored with a TCP proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_rabbitmq_sink_reconnects_after_the_broker_closed_its_connection() {
+    let url = services::rabbitmq_url();
+    let Some(direct) = services::reachable("RabbitMQ", &url, rabbitmq::connect(&url).await) else {
+        return;
+    };
+    let queue = format!("idem-test-outbox-reconnect-{}", tag());
+    RabbitMqSource::declare(&direct.create_channel().await.unwrap(), &queue)
+        .await
+        .unwrap();
+    let proxy = idem_tests::proxy::Proxy::start("127.0.0.1:5672".to_owned()).await;
+    let sink = RabbitMqSink::connect(&format!(
+        "amqp://guest:guest@127.0.0.1:{}/%2f",
+        proxy.port()
+    ))
+    .await
+    .unwrap();
+    let message = |n: usize| outbox::Outgoing {
+        id: idem_runtime::consumer::MessageId::new(format!("{queue}-{n}")),
+        topic: queue.clone(),
+        ordering_key: None,
+        headers: Default::default(),
+        payload: b"{}".to_vec(),
+        attempt: 1,
+    };
+    assert!(sink.publish(&[message(0)]).await[0].is_ok());
+    proxy.set_down(true).await;
+    until(
+        "a publish to fail while the broker is unreachable",
+        20,
+        || async { sink.publish(&[message(1)]).await[0].is_err() },
+    )
+    .await;
+    proxy.set_down(false).await;
+    until("a publish to succeed on a new connection", 30, || async {
+        sink.publish(&[message(2)]).await[0].is_ok()
+    })
+    .await;
+    let channel = direct.create_channel().await.unwrap();
+    for q in [
+        queue.clone(),
+        format!("{queue}.retry"),
+        format!("{queue}.parked"),
+        format!("{queue}.dlx"),
+    ] {
+        let _ = channel.queue_delete(&q, Default::default()).await;
+    }
+}
