@@ -632,6 +632,7 @@ impl Sink for Stalls {
 pub async fn a_relay_that_finishes_after_its_lease_marks_nothing<DB: OutboxDatabase>(
     pool: &Pool<DB>,
 ) {
+    recorder();
     let topic = format!("stale.{}", tag());
     let mut tx = pool.begin().await.unwrap();
     outbox::put_all(&mut tx, (0..3).map(|i| msg(&topic, &format!("s-{i}"))))
@@ -686,4 +687,9 @@ pub async fn a_relay_that_finishes_after_its_lease_marks_nothing<DB: OutboxDatab
     assert_eq!(ids(&drain(&mut rx)), ["s-0", "s-1", "s-2"]);
     let b = backlog_of(pool, &topic).await;
     assert_eq!((b.pending, b.sent, b.parked), (0, 3, 0));
+    assert_eq!(
+        metric("idem_outbox_published_total", &topic),
+        Some(3.0),
+        "counted once, by the relay that marked them"
+    );
 }

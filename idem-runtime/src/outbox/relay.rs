@@ -297,9 +297,14 @@ impl<DB: OutboxDatabase> Relay<DB> {
                 .map_err(store_error::<DB>)?;
             round.published = marked as usize;
             self.counters.published.fetch_add(marked, Ordering::Relaxed);
-            for (topic, n) in sent_topics {
-                metrics::counter!("idem_outbox_published_total", "topic" => topic.to_owned())
-                    .increment(n);
+            // The count says how many rows, not which: per topic only when
+            // all were this relay's (the rare rest is counted by the relay
+            // that marked them).
+            if marked == sent.len() as u64 {
+                for (topic, n) in sent_topics {
+                    metrics::counter!("idem_outbox_published_total", "topic" => topic.to_owned())
+                        .increment(n);
+                }
             }
         }
         Ok(round)
