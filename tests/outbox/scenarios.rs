@@ -693,3 +693,44 @@ pub async fn a_relay_that_finishes_after_its_lease_marks_nothing<DB: OutboxDatab
         "counted once, by the relay that marked them"
     );
 }
+
+/// `run` purges what it sent once the retention is over, by itself; unsent
+/// messages stay.
+pub async fn a_running_relay_purges_sent_messages_after_the_retention<DB: OutboxDatabase>(
+    pool: &Pool<DB>,
+) {
+    let topic = format!("retained.{}", tag());
+    let mut tx = pool.begin().await.unwrap();
+    outbox::put_all(&mut tx, (0..3).map(|i| msg(&topic, &format!("r-{i}"))))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let (sink, mut rx) = MemorySink::channel(100);
+    let relay = Arc::new(
+        Relay::builder(pool.clone(), sink.clone())
+            .poll_interval(Duration::from_millis(20))
+            .retention(Duration::from_millis(1), Duration::from_millis(50))
+            .build(),
+    );
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let running = {
+        let (relay, stop) = (relay.clone(), stop.clone());
+        tokio::spawn(async move { relay.run_until(stop.notified()).await })
+    };
+    until("the messages to be published", 20, || {
+        std::future::ready(rx.len() == 3)
+    })
+    .await;
+    sink.set_down(true);
+    let mut tx = pool.begin().await.unwrap();
+    outbox::put(&mut tx, msg(&topic, "kept")).await.unwrap();
+    tx.commit().await.unwrap();
+    until("the sent messages to be purged", 20, || async {
+        backlog_of(pool, &topic).await.sent == 0
+    })
+    .await;
+    stop.notify_one();
+    running.await.unwrap();
+    let b = backlog_of(pool, &topic).await;
+    assert_eq!(b.pending, 1, "an unsent message is never purged");
+}
