@@ -4,7 +4,9 @@
 
 use std::future::Future;
 
-use sqlx::{ColumnIndex, Database, Decode, Encode, QueryBuilder, Row, Type};
+use sqlx::{ColumnIndex, Decode, Row, Type};
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+use sqlx::{Database, Encode, QueryBuilder};
 
 /// Where a message stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,6 +128,7 @@ where
 
 /// `(s1, s2, …)`, each a bound parameter: the `IN` list of the dialects
 /// without arrays.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(super) fn push_seqs<'a, DB>(q: &mut QueryBuilder<'a, DB>, seqs: &[i64])
 where
     DB: Database,
@@ -137,6 +140,67 @@ where
         list.push_bind(*s);
     }
     q.push(")");
+}
+
+/// The relay's two marks on the dialects without arrays (MySQL, SQLite),
+/// built alike: only the clock expression (`now`) differs.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(super) fn mark_sent_query<'a, DB>(
+    now: &str,
+    token: &'a [u8],
+    seqs: &[i64],
+) -> QueryBuilder<'a, DB>
+where
+    DB: Database,
+    i64: Encode<'a, DB> + Type<DB>,
+    &'a [u8]: Encode<'a, DB> + Type<DB>,
+{
+    let mut q = QueryBuilder::new(format!(
+        "UPDATE idem_outbox SET state = 1, sent_at = {now}, claim_token = NULL, last_error = NULL"
+    ));
+    push_still_claimed(&mut q, token, seqs);
+    q
+}
+
+/// See [`mark_sent_query`].
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(super) fn mark_failed_query<'a, DB>(
+    now: &str,
+    token: &'a [u8],
+    seqs: &[i64],
+    reason: &'a str,
+    retry_in_ms: i64,
+    park: bool,
+) -> QueryBuilder<'a, DB>
+where
+    DB: Database,
+    i64: Encode<'a, DB> + Type<DB>,
+    bool: Encode<'a, DB> + Type<DB>,
+    &'a str: Encode<'a, DB> + Type<DB>,
+    &'a [u8]: Encode<'a, DB> + Type<DB>,
+{
+    let mut q = QueryBuilder::new("UPDATE idem_outbox SET state = CASE WHEN ");
+    q.push_bind(park);
+    q.push(" THEN 2 ELSE 0 END, claim_token = NULL, last_error = ");
+    q.push_bind(reason);
+    q.push(format!(", next_attempt_at = {now} + "));
+    q.push_bind(retry_in_ms);
+    push_still_claimed(&mut q, token, seqs);
+    q
+}
+
+/// ` WHERE` the rows are still claimed under `token`.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+fn push_still_claimed<'a, DB>(q: &mut QueryBuilder<'a, DB>, token: &'a [u8], seqs: &[i64])
+where
+    DB: Database,
+    i64: Encode<'a, DB> + Type<DB>,
+    &'a [u8]: Encode<'a, DB> + Type<DB>,
+{
+    q.push(" WHERE seq IN ");
+    push_seqs(q, seqs);
+    q.push(" AND state = 0 AND claim_token = ");
+    q.push_bind(token);
 }
 
 /// A claimed row (`RETURNING`, or MySQL's read after its update).

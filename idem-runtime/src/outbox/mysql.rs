@@ -127,14 +127,7 @@ impl Dialect for MySql {
         token: &'a [u8],
         seqs: &'a [i64],
     ) -> Result<u64, sqlx::Error> {
-        let mut q = QueryBuilder::<MySql>::new(concat!(
-            "UPDATE idem_outbox SET state = 1, sent_at = ",
-            now_ms!(),
-            ", claim_token = NULL, last_error = NULL WHERE seq IN "
-        ));
-        dialect::push_seqs(&mut q, seqs);
-        q.push(" AND state = 0 AND claim_token = ");
-        q.push_bind(token);
+        let mut q = dialect::mark_sent_query::<MySql>(now_ms!(), token, seqs);
         Ok(q.build().execute(pool).await?.rows_affected())
     }
 
@@ -146,16 +139,8 @@ impl Dialect for MySql {
         retry_in_ms: i64,
         park: bool,
     ) -> Result<u64, sqlx::Error> {
-        let mut q = QueryBuilder::<MySql>::new("UPDATE idem_outbox SET state = IF(");
-        q.push_bind(park);
-        q.push(", 2, 0), claim_token = NULL, last_error = ");
-        q.push_bind(reason);
-        q.push(concat!(", next_attempt_at = ", now_ms!(), " + "));
-        q.push_bind(retry_in_ms);
-        q.push(" WHERE seq IN ");
-        dialect::push_seqs(&mut q, seqs);
-        q.push(" AND state = 0 AND claim_token = ");
-        q.push_bind(token);
+        let mut q =
+            dialect::mark_failed_query::<MySql>(now_ms!(), token, seqs, reason, retry_in_ms, park);
         Ok(q.build().execute(pool).await?.rows_affected())
     }
 

@@ -83,14 +83,7 @@ impl Dialect for Sqlite {
         token: &'a [u8],
         seqs: &'a [i64],
     ) -> Result<u64, sqlx::Error> {
-        let mut q = QueryBuilder::<Sqlite>::new(concat!(
-            "UPDATE idem_outbox SET state = 1, sent_at = ",
-            now_ms!(),
-            ", claim_token = NULL, last_error = NULL WHERE seq IN "
-        ));
-        dialect::push_seqs(&mut q, seqs);
-        q.push(" AND state = 0 AND claim_token = ");
-        q.push_bind(token);
+        let mut q = dialect::mark_sent_query::<Sqlite>(now_ms!(), token, seqs);
         Ok(q.build().execute(pool).await?.rows_affected())
     }
 
@@ -102,16 +95,8 @@ impl Dialect for Sqlite {
         retry_in_ms: i64,
         park: bool,
     ) -> Result<u64, sqlx::Error> {
-        let mut q = QueryBuilder::<Sqlite>::new("UPDATE idem_outbox SET state = CASE WHEN ");
-        q.push_bind(park);
-        q.push(" THEN 2 ELSE 0 END, claim_token = NULL, last_error = ");
-        q.push_bind(reason);
-        q.push(concat!(", next_attempt_at = ", now_ms!(), " + "));
-        q.push_bind(retry_in_ms);
-        q.push(" WHERE seq IN ");
-        dialect::push_seqs(&mut q, seqs);
-        q.push(" AND state = 0 AND claim_token = ");
-        q.push_bind(token);
+        let mut q =
+            dialect::mark_failed_query::<Sqlite>(now_ms!(), token, seqs, reason, retry_in_ms, park);
         Ok(q.build().execute(pool).await?.rows_affected())
     }
 
