@@ -47,30 +47,14 @@ use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Postgres, Transaction};
 
+#[path = "knobs.rs"]
+mod knobs;
+use knobs::*;
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const SCHEMA: &str = "idem_bench_consumers";
 const GROUP: &str = "settlement";
-
-fn env<T: FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
-
-fn url(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_owned())
-}
-
-fn list(name: &str, default: &str) -> Vec<String> {
-    std::env::var(name)
-        .unwrap_or_else(|_| default.to_owned())
-        .split(',')
-        .map(|s| s.trim().to_owned())
-        .filter(|s| !s.is_empty())
-        .collect()
-}
 
 #[derive(Debug, Serialize, Deserialize)]
 struct OrderPaid {
@@ -523,18 +507,6 @@ async fn cell(
     assert_eq!(rows as u64, n, "one settlement per message");
     brokers.clear(broker, &topic).await?;
     Ok(n as f64 / elapsed.as_secs_f64())
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .trim()
-        .to_owned()
 }
 
 async fn bench() -> Result<(), BoxError> {

@@ -50,7 +50,6 @@
 //! Machines are noisy: read the ratios, not the absolute numbers.
 
 use std::hint::black_box;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -74,23 +73,11 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tower::ServiceExt;
 
+#[path = "knobs.rs"]
+mod knobs;
+use knobs::*;
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-fn env<T: FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
-
-fn list(name: &str, default: &str) -> Vec<String> {
-    std::env::var(name)
-        .unwrap_or_else(|_| default.to_owned())
-        .split(',')
-        .map(|s| s.trim().to_owned())
-        .filter(|s| !s.is_empty())
-        .collect()
-}
 
 // ---------------------------------------------------------------------------
 // The service
@@ -366,18 +353,6 @@ async fn cell(
         process_us: per(cpu),
         server_us: per(server_cpu),
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .trim()
-        .to_owned()
 }
 
 struct Server {

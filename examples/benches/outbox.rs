@@ -48,22 +48,15 @@ use idem_runtime::store::sql::PgStore;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
+#[path = "knobs.rs"]
+mod knobs;
+use knobs::*;
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const SCHEMA: &str = "idem_bench_outbox";
 const NATS_STREAM: &str = "IDEM_BENCH_OUTBOX";
 const NATS_SUBJECT: &str = "idem.bench.outbox";
-
-fn env<T: FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
-
-fn url(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_owned())
-}
 
 /// About the size of a real event (an order id, a sku, amounts, a timestamp).
 fn payload(n: u64) -> Vec<u8> {
@@ -543,13 +536,6 @@ async fn latency(
 }
 
 // ---------------------------------------------------------------------------
-
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .trim()
-        .to_owned()
-}
 
 async fn bench() -> Result<(), BoxError> {
     let only = std::env::var("IDEM_BENCH_ONLY").unwrap_or_default();
