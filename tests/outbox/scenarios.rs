@@ -705,7 +705,7 @@ pub async fn a_running_relay_purges_sent_messages_after_the_retention<DB: Outbox
         .await
         .unwrap();
     tx.commit().await.unwrap();
-    let (sink, mut rx) = MemorySink::channel(100);
+    let (sink, rx) = MemorySink::channel(100);
     let relay = Arc::new(
         Relay::builder(pool.clone(), sink.clone())
             .poll_interval(Duration::from_millis(20))

@@ -277,15 +277,7 @@ async fn rabbitmq_carries_the_id_and_an_unroutable_message_is_not_marked_sent() 
         .unwrap();
     let reason = pending[0].last_error.as_deref().unwrap_or_default();
     assert!(reason.contains("no queue is bound"), "{reason}");
-    let channel = conn.create_channel().await.unwrap();
-    for q in [
-        queue.clone(),
-        format!("{queue}.retry"),
-        format!("{queue}.parked"),
-        format!("{queue}.dlx"),
-    ] {
-        let _ = channel.queue_delete(&q, Default::default()).await;
-    }
+    delete_queues(&conn, &queue).await;
     db.drop().await;
 }
 
@@ -532,9 +524,14 @@ async fn the_rabbitmq_sink_reconnects_after_the_broker_closed_its_connection() {
         sink.publish(&[message(2)]).await[0].is_ok()
     })
     .await;
-    let channel = direct.create_channel().await.unwrap();
+    delete_queues(&direct, &queue).await;
+}
+
+/// Deletes the queue a test declared and the ones the source declared beside it.
+async fn delete_queues(conn: &lapin::Connection, queue: &str) {
+    let channel = conn.create_channel().await.unwrap();
     for q in [
-        queue.clone(),
+        queue.to_owned(),
         format!("{queue}.retry"),
         format!("{queue}.parked"),
         format!("{queue}.dlx"),
