@@ -23,6 +23,8 @@ pub(crate) struct IdempotentArgs {
     pub allow: Option<LitStr>,
     pub final_err: Option<Expr>,
     pub tx: Option<Expr>,
+    /// `recover`: store the arguments with the claim for a recovery worker.
+    pub recover: Option<Ident>,
     pub krate: Option<syn::Path>,
 }
 
@@ -39,6 +41,7 @@ pub(crate) const IDEMPOTENT_OPTIONS: &[&str] = &[
     "allow",
     "final_err",
     "tx",
+    "recover",
     "crate",
 ];
 
@@ -204,19 +207,19 @@ pub(crate) fn parse_idempotent(tokens: TokenStream, errors: &mut Errors) -> Idem
                 &item.name,
                 errors,
             ),
-            "consumer" => {
+            "consumer" | "recover" => {
                 if let Some(v) = &item.value {
                     errors.error(
                         v,
-                        "`consumer` is a flag and takes no value: write `consumer`",
+                        format!("`{name}` is a flag and takes no value: write `{name}`"),
                     );
                 }
-                set_once(
-                    &mut args.consumer,
-                    Some(item.name.clone()),
-                    &item.name,
-                    errors,
-                );
+                let slot = if name == "consumer" {
+                    &mut args.consumer
+                } else {
+                    &mut args.recover
+                };
+                set_once(slot, Some(item.name.clone()), &item.name, errors);
             }
             _ => errors.error(&item.name, unknown(&name, IDEMPOTENT_OPTIONS)),
         }

@@ -32,6 +32,10 @@ impl Errors {
         self.errors.is_empty()
     }
 
+    pub(crate) fn len(&self) -> usize {
+        self.errors.len()
+    }
+
     pub(crate) fn into_compile_errors(self) -> TokenStream {
         self.errors
             .iter()

@@ -9,6 +9,7 @@ use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{AttrStyle, Attribute, ItemFn, LitStr, Path, ReturnType};
 
+use crate::check::recover::Recover;
 use crate::check::{Compensation, Plan, StepPlan};
 use crate::segments::Segment;
 
@@ -273,19 +274,34 @@ pub(crate) fn idempotent(plan: &Plan<'_>, func: &ItemFn, krate: &Path) -> TokenS
         None => body_block(func),
         Some(tx) => tx_body(func, tx),
     };
-    let call = match (&plan.tx, &plan.final_err) {
-        (Some(tx), _) => quote! {
+    let call = match (&plan.tx, &plan.final_err, &plan.recover) {
+        (Some(tx), _, _) => quote! {
             __idem_dispatch.execute_in_tx(&__IDEM_SPEC, &mut *#tx, __idem_key, __idem_fp, __idem_body)
         },
-        (None, None) => quote! {
+        (None, None, None) => quote! {
             __idem_dispatch.execute(&__IDEM_SPEC, __idem_store, __idem_key, __idem_fp, __idem_body)
         },
-        (None, Some(pred)) => quote! {
+        (None, Some(pred), None) => quote! {
             __idem_dispatch.execute_keeping_final(
                 &__IDEM_SPEC, __idem_store, __idem_key, __idem_fp, #pred, __idem_body,
             )
         },
+        (None, None, Some(_)) => quote! {
+            __idem_dispatch.execute_recoverable(
+                &__IDEM_SPEC, __idem_store, __idem_key, __idem_fp, __idem_args, __idem_body,
+            )
+        },
+        (None, Some(pred), Some(_)) => quote! {
+            __idem_dispatch.execute_keeping_final_recoverable(
+                &__IDEM_SPEC, __idem_store, __idem_key, __idem_fp, #pred, __idem_args, __idem_body,
+            )
+        },
     };
+    let args = plan.recover.as_ref().map(|r| encode_args(r, krate));
+    let recovery_item = plan
+        .recover
+        .as_ref()
+        .map(|r| recovery_item(r, func, &scope, krate));
 
     quote! {
         #(#attrs)*
@@ -305,10 +321,137 @@ pub(crate) fn idempotent(plan: &Plan<'_>, func: &ItemFn, krate: &Path) -> TokenS
             };
             let __idem_fp = #fingerprint;
             #store
+            #args
             let __idem_body = #body;
             #call.await
         }
+        #recovery_item
     }
+}
+
+/// With `recover`: each argument's type checked on its own token, then the
+/// arguments encoded (before the body takes them) as a JSON array in
+/// parameter order.
+fn encode_args(recover: &Recover<'_>, krate: &Path) -> TokenStream {
+    let pushes = recover.params.iter().map(|p| {
+        let span = p.ty.span();
+        let k = respan(krate, span);
+        let stored = &p.stored;
+        let name = &p.name;
+        let value = if p.by_ref {
+            quote!(#name)
+        } else {
+            quote!(&#name)
+        };
+        quote_spanned! {span=>
+            #k::__private::assert_recoverable_arg::<#stored>();
+            (&#k::__private::ArgProbe::<#stored>::new()).push(&mut __idem_w, #value);
+        }
+    });
+    quote! {
+        let __idem_args = {
+            #[allow(unused_imports)]
+            use #krate::__private::{ArgSerializeHolds as _, ArgSerializeMissing as _};
+            let mut __idem_w = #krate::__private::ArgsWriter::new();
+            #(#pushes)*
+            __idem_w.finish()
+        };
+    }
+}
+
+/// With `recover`: the hidden item `recoverable!` names, beside the function
+/// (in its impl, for a method). It decodes stored arguments into the
+/// parameters and calls the function exactly as a caller would.
+fn recovery_item(
+    recover: &Recover<'_>,
+    func: &ItemFn,
+    scope: &TokenStream,
+    krate: &Path,
+) -> TokenStream {
+    let name = &func.sig.ident;
+    let vis = &func.vis;
+    let item = syn::Ident::new(&format!("__idem_recover_{name}"), recover.flag.span());
+    let names: Vec<&syn::Ident> = recover.params.iter().map(|p| &p.name).collect();
+    let stored = recover.params.iter().map(|p| &p.stored);
+    let call_args = recover.params.iter().map(|p| {
+        let n = &p.name;
+        if p.by_ref { quote!(&#n) } else { quote!(#n) }
+    });
+    let decode = if names.is_empty() {
+        quote!(let _ = __idem_json;)
+    } else {
+        quote! {
+            let (#(#names,)*): (#(#stored,)*) = #krate::__private::decode_args(__idem_json)?;
+        }
+    };
+    let doc = format!(
+        "The recovery of [`{name}`] (`#[idempotent(…, recover)]`): what `idem_runtime::recoverable!({name})` registers."
+    );
+    if recover.method {
+        quote! {
+            #[doc = #doc]
+            #[doc(hidden)]
+            #[allow(non_snake_case, clippy::all)]
+            #vis fn #item(
+                service: impl ::core::convert::Into<#krate::__private::Arc<Self>>,
+            ) -> #krate::__private::Recoverable {
+                let __idem_service: #krate::__private::Arc<Self> = service.into();
+                #krate::__private::Recoverable::new(#scope, move |__idem_json: &[u8]| {
+                    #decode
+                    let __idem_this = #krate::__private::Arc::clone(&__idem_service);
+                    let __idem_call: #krate::__private::Prepared = #krate::__private::Box::pin(async move {
+                        #krate::__private::recovery_end(__idem_this.#name(#(#call_args),*).await)
+                    });
+                    #krate::__private::Ok(__idem_call)
+                })
+            }
+        }
+    } else {
+        quote! {
+            #[doc = #doc]
+            #[doc(hidden)]
+            #[allow(non_snake_case, clippy::all)]
+            #vis fn #item() -> #krate::__private::Recoverable {
+                #krate::__private::Recoverable::new(#scope, |__idem_json: &[u8]| {
+                    #decode
+                    let __idem_call: #krate::__private::Prepared = #krate::__private::Box::pin(async move {
+                        #krate::__private::recovery_end(#name(#(#call_args),*).await)
+                    });
+                    #krate::__private::Ok(__idem_call)
+                })
+            }
+        }
+    }
+}
+
+/// `recoverable!(create_order)` or `recoverable!(Service::create_order,
+/// service)`: the hidden item beside the function, called.
+pub(crate) fn recoverable(input: TokenStream) -> syn::Result<TokenStream> {
+    let parser = |stream: syn::parse::ParseStream| -> syn::Result<(Path, Option<syn::Expr>)> {
+        let path: Path = stream.parse()?;
+        let service = if stream.is_empty() {
+            None
+        } else {
+            stream.parse::<syn::Token![,]>()?;
+            let service = (!stream.is_empty()).then(|| stream.parse()).transpose()?;
+            if !stream.is_empty() {
+                stream.parse::<syn::Token![,]>()?;
+            }
+            service
+        };
+        Ok((path, service))
+    };
+    let (mut path, service) = syn::parse::Parser::parse2(parser, input)?;
+    let last = path
+        .segments
+        .last_mut()
+        .ok_or_else(|| syn::Error::new(Span::call_site(), "name the function: recoverable!(create_order)"))?;
+    // On the user's token: a function without `recover` is reported there.
+    last.ident = syn::Ident::new(&format!("__idem_recover_{}", last.ident), last.ident.span());
+    Ok(match service {
+        Some(service) => quote!(#path(#service)),
+        None => quote!(#path()),
+    })
 }
 
 pub(crate) fn step(plan: &StepPlan<'_>, func: &ItemFn, krate: &Path) -> TokenStream {

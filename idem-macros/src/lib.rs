@@ -250,6 +250,48 @@ pub fn step(attr: TokenStream, item: TokenStream) -> TokenStream {
     }
 }
 
+/// The function a `#[idempotent(…, recover)]` call registers with a
+/// recovery worker: `recoverable!(create_order)` for a free function,
+/// `recoverable!(OrderService::create_order, service)` for a `&self` method
+/// (the service, or an `Arc` of it, that the worker calls the method on).
+///
+/// ```
+/// use idem_runtime::recovery::Recovery;
+/// use idem_runtime::{idempotent, recoverable};
+///
+/// # #[derive(Debug)] struct AppError;
+/// # impl From<idem_runtime::Error> for AppError { fn from(_: idem_runtime::Error) -> Self { AppError } }
+/// #[derive(Clone)]
+/// struct Orders;
+///
+/// impl Orders {
+///     #[idempotent(scope = "orders.create", key = "order_no", recover)]
+///     async fn create(&self, order_no: &str) -> Result<u64, AppError> {
+///         Ok(order_no.len() as u64)
+///     }
+/// }
+///
+/// #[idempotent(scope = "orders.cancel", key = "order_no", recover)]
+/// async fn cancel(order_no: String) -> Result<(), AppError> {
+///     Ok(())
+/// }
+///
+/// let recovery = Recovery::new()
+///     .register(recoverable!(Orders::create, Orders))
+///     .register(recoverable!(cancel));
+/// # drop(recovery);
+/// ```
+///
+/// A function without `recover` has nothing to register: the compiler says
+/// it cannot find `__idem_recover_<name>`, the hidden item `recover` adds.
+#[proc_macro]
+pub fn recoverable(input: TokenStream) -> TokenStream {
+    match expand::recoverable(input.into()) {
+        Ok(tokens) => tokens.into(),
+        Err(e) => e.to_compile_error().into(),
+    }
+}
+
 /// Derives `idem_runtime::KeyPart` for a struct, a tuple struct or an enum, so
 /// a whole business value can be a key segment (`key = "req.line"`) with the
 /// same misuse checks as the segments of `#[idempotent]`.

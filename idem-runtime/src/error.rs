@@ -131,6 +131,19 @@ pub enum Error {
         limit: usize,
     },
 
+    /// A recovery worker ran a call with its stored arguments, and the call
+    /// derived another key from them than the abandoned record's: the key's
+    /// segments, the scope or the key secret changed since the call was made.
+    /// Nothing was claimed and the body did not run; the worker parks the
+    /// record for an operator.
+    #[error(
+        "`{scope}`: the stored arguments of a recovered call derive another key than its record's (the key's segments, the scope or the key secret changed), so it did not run"
+    )]
+    RecoveryMismatch {
+        /// The scope of the call.
+        scope: String,
+    },
+
     /// The store failed or could not be reached. The body did not run.
     #[error(transparent)]
     Store(#[from] StoreError),

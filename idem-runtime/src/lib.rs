@@ -64,6 +64,7 @@ mod observe;
 )]
 pub mod outbox;
 pub mod protocol;
+pub mod recovery;
 mod spec;
 pub mod store;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
@@ -76,7 +77,7 @@ pub mod unique;
 // Their documentation (options, durations, what they expand to) is on the
 // macros themselves: rustdoc shows it here, and would put any doc comment on
 // these lines in front of it.
-pub use idem_macros::{KeyPart, idempotent, step};
+pub use idem_macros::{KeyPart, idempotent, recoverable, step};
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{CodecError, Error, StoreError};

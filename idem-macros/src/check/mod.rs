@@ -4,6 +4,7 @@
 
 pub(crate) mod clock_types;
 mod default_scope;
+pub(crate) mod recover;
 mod signature;
 pub(crate) mod time_like_names;
 mod transaction;
@@ -35,6 +36,8 @@ pub(crate) struct Plan<'a> {
     pub tx: Option<syn::Ident>,
     pub ok_type: Option<&'a Type>,
     pub err_type: Option<&'a Type>,
+    /// `recover`: the arguments to store, and how to call the function again.
+    pub recover: Option<recover::Recover<'a>>,
 }
 
 pub(crate) fn idempotent<'a>(
@@ -100,6 +103,7 @@ pub(crate) fn idempotent<'a>(
     }
 
     let tx = transaction::check(&args, &bindings, errors);
+    let recover = recover::check(&args, func, errors);
 
     let durations = ttl_lease_wait::check(
         args.ttl.as_ref(),
@@ -124,6 +128,7 @@ pub(crate) fn idempotent<'a>(
         tx,
         ok_type: result.as_ref().map(|r| r.ok),
         err_type: result.and_then(|r| r.err),
+        recover,
     }
 }
 

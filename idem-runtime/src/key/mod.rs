@@ -174,6 +174,23 @@ impl Key {
     }
 }
 
+/// The seal of a recoverable call's stored arguments: a hash of the key, the
+/// scope and the argument bytes, keyed under the installed [`KeySecret`]
+/// like keys and fingerprints. A worker recomputes it before running the
+/// call, so arguments written into the store by anyone without the secret
+/// (or corrupted there) are refused rather than run.
+pub(crate) fn seal(key: &Key, scope: &str, args: &[u8]) -> [u8; 32] {
+    let mut enc = KeyEncoder {
+        buf: Vec::with_capacity(args.len() + scope.len() + 64),
+    };
+    enc.buf.push(ENCODING_VERSION);
+    enc.write_str("idem:recovery-args");
+    enc.write_bytes(&key.0);
+    enc.write_str(scope);
+    enc.write_bytes(args);
+    hash(secret::installed().as_ref(), &enc.buf)
+}
+
 /// Hashes a [`Key`] for a `HashMap` by taking eight of its bytes: keys are
 /// SHA-256 digests, already uniform, and SipHash over all 32 on every lookup
 /// is work for nothing. (Maps keyed by anything else must not use it.)

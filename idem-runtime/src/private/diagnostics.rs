@@ -35,6 +35,7 @@ use serde::Serialize;
 
 use crate::key::{Fingerprint, Key};
 use crate::protocol::{self, FromIdemError, Spec, StorableError, StoredForm, ViaSerde};
+use crate::recovery::args::CallArgs;
 use crate::store::StoreRef;
 use crate::store::tx::AsTxConnection;
 
@@ -118,6 +119,20 @@ pub trait WhenTypesHold<T, E, M> {
         T: 'a,
         E: 'a;
 
+    fn execute_recoverable<'a, F>(
+        &self,
+        spec: &'a Spec,
+        store: Option<StoreRef>,
+        key: Key,
+        fingerprint: Option<Fingerprint>,
+        args: CallArgs,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>> + 'a
+    where
+        F: Future<Output = Result<T, E>> + 'a,
+        T: 'a,
+        E: 'a;
+
     fn run_step<'a, F>(
         &self,
         name: &'static str,
@@ -160,6 +175,23 @@ impl<T: StoredForm<M>, E: FromIdemError, M: 'static> WhenTypesHold<T, E, M>
         E: 'a,
     {
         protocol::execute::<T, M, E, F>(spec, store, key, fingerprint, body)
+    }
+
+    fn execute_recoverable<'a, F>(
+        &self,
+        spec: &'a Spec,
+        store: Option<StoreRef>,
+        key: Key,
+        fingerprint: Option<Fingerprint>,
+        args: CallArgs,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>> + 'a
+    where
+        F: Future<Output = Result<T, E>> + 'a,
+        T: 'a,
+        E: 'a,
+    {
+        protocol::execute_recoverable::<T, M, E, F>(spec, store, key, fingerprint, args, body)
     }
 
     fn run_step<'a, F>(
@@ -211,6 +243,22 @@ pub trait WhenTypesHoldKeepingFinal<T, E, M> {
         F: Future<Output = Result<T, E>> + 'a,
         T: 'a,
         E: 'a;
+
+    #[allow(clippy::too_many_arguments)]
+    fn execute_keeping_final_recoverable<'a, F>(
+        &self,
+        spec: &'a Spec,
+        store: Option<StoreRef>,
+        key: Key,
+        fingerprint: Option<Fingerprint>,
+        is_final: fn(&E) -> bool,
+        args: CallArgs,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>> + 'a
+    where
+        F: Future<Output = Result<T, E>> + 'a,
+        T: 'a,
+        E: 'a;
 }
 
 impl<T: StoredForm<M>, E: FromIdemError + StorableError, M: 'static>
@@ -231,6 +279,32 @@ impl<T: StoredForm<M>, E: FromIdemError + StorableError, M: 'static>
         E: 'a,
     {
         protocol::execute_keeping_final::<T, M, E, F>(spec, store, key, fingerprint, is_final, body)
+    }
+
+    fn execute_keeping_final_recoverable<'a, F>(
+        &self,
+        spec: &'a Spec,
+        store: Option<StoreRef>,
+        key: Key,
+        fingerprint: Option<Fingerprint>,
+        is_final: fn(&E) -> bool,
+        args: CallArgs,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>> + 'a
+    where
+        F: Future<Output = Result<T, E>> + 'a,
+        T: 'a,
+        E: 'a,
+    {
+        protocol::execute_keeping_final_recoverable::<T, M, E, F>(
+            spec,
+            store,
+            key,
+            fingerprint,
+            is_final,
+            args,
+            body,
+        )
     }
 }
 
@@ -272,6 +346,42 @@ pub trait AfterTypeError {
         _: Key,
         _: Option<Fingerprint>,
         _: fn(&E) -> bool,
+        _: F,
+    ) -> impl Future<Output = F::Output> + 'a
+    where
+        F: Future + 'a,
+    {
+        #[allow(clippy::let_unit_value)]
+        let () = NeverInstantiated::<F>::ERROR;
+        async { unreachable!("AfterTypeError is never instantiated") }
+    }
+
+    fn execute_recoverable<'a, F>(
+        &self,
+        _: &'a Spec,
+        _: Option<StoreRef>,
+        _: Key,
+        _: Option<Fingerprint>,
+        _: CallArgs,
+        _: F,
+    ) -> impl Future<Output = F::Output> + 'a
+    where
+        F: Future + 'a,
+    {
+        #[allow(clippy::let_unit_value)]
+        let () = NeverInstantiated::<F>::ERROR;
+        async { unreachable!("AfterTypeError is never instantiated") }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn execute_keeping_final_recoverable<'a, F, E>(
+        &self,
+        _: &'a Spec,
+        _: Option<StoreRef>,
+        _: Key,
+        _: Option<Fingerprint>,
+        _: fn(&E) -> bool,
+        _: CallArgs,
         _: F,
     ) -> impl Future<Output = F::Output> + 'a
     where

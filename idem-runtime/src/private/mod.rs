@@ -6,6 +6,7 @@
 
 mod compensate;
 pub(crate) mod diagnostics;
+mod recover;
 
 pub use crate::key::{FingerprintBuilder, Key, KeyBuilder};
 pub use crate::protocol::{Cacheable, FromIdemError, StorableError};
@@ -14,7 +15,15 @@ pub use crate::store::{AsStore, StoreRef};
 pub use compensate::{
     AfterTypeErrorCompensated, WhenTypesHoldCompensated, compensation_receiver, compensation_result,
 };
+pub use crate::recovery::{Ended, Prepared, Recoverable};
 pub use core::option::Option::{None, Some};
+pub use core::result::Result::{Err, Ok};
+pub use recover::{
+    ArgProbe, ArgSerializeHolds, ArgSerializeMissing, ArgsWriter, RecoverableArg,
+    RecoverableArgSerialize, assert_recoverable_arg, decode_args, recovery_end,
+};
+pub use std::boxed::Box;
+pub use std::sync::Arc;
 pub use core::time::Duration;
 pub use diagnostics::{
     AfterTypeError, CacheableSerialize, Dispatch, ErrProbe, IdemResult, OkProbe, SerializeHolds,

@@ -6,7 +6,9 @@ use std::time::Duration;
 use crate::error::{CodecError, Error};
 use crate::key::{Fingerprint, Key};
 use crate::observe::{self, CallOutcome};
-use crate::store::{Claim, ClaimRequest, StoreRef, StoredOutcome, StoredResult, Token};
+use crate::store::{
+    Claim, ClaimRequest, RecoveryArgs, StoreRef, StoredOutcome, StoredResult, Token,
+};
 
 use super::record::Unstored;
 use super::{ErrorPolicy, FromIdemError, Spec, StoredForm, hint, report};
@@ -69,13 +71,15 @@ pub(super) fn claim_failed(spec: &Spec, e: &crate::StoreError) {
 }
 
 /// Claims the key (waiting up to the spec's `wait` while it is busy), and
-/// says when the store answered.
+/// says when the store answered. With `recovery`, the call's arguments are
+/// stored with the claim.
 pub(super) async fn acquire(
     spec: &Spec,
     store: &StoreRef,
     key: &Key,
     token: Token,
     fingerprint: Option<Fingerprint>,
+    recovery: Option<RecoveryArgs<'_>>,
 ) -> Result<(Acquired, std::time::Instant), Error> {
     let req = ClaimRequest {
         key,
@@ -88,7 +92,10 @@ pub(super) async fn acquire(
     let mut backoff = Duration::from_millis(5);
     loop {
         let started = std::time::Instant::now();
-        let claim = store.claim(req).await;
+        let claim = match recovery {
+            Some(recovery) => store.claim_recoverable(req, recovery).await,
+            None => store.claim(req).await,
+        };
         // One reading for the latency and for when the body starts.
         let answered = std::time::Instant::now();
         observe::claim_latency(spec, answered - started);

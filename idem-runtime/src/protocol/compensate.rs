@@ -44,7 +44,7 @@ pub(super) async fn read_give_up(
     let spec = flow.step_spec(GIVE_UP_SCOPE);
     let key = flow.give_up_key();
     let token = Token::random();
-    let found = match acquire(&spec, store, &key, token, None).await?.0 {
+    let found = match acquire(&spec, store, &key, token, None, None).await?.0 {
         Acquired::Replay(stored) => Some(stored.payload),
         Acquired::Owner { .. } => {
             // Only looking: an absent record stays absent.
@@ -68,7 +68,7 @@ async fn write_give_up(
     let spec = flow.step_spec(GIVE_UP_SCOPE);
     let key = flow.give_up_key();
     let token = Token::random();
-    let stands = match acquire(&spec, store, &key, token, None).await?.0 {
+    let stands = match acquire(&spec, store, &key, token, None, None).await?.0 {
         Acquired::Replay(stored) => stored.payload,
         Acquired::Owner { .. } => {
             let completion = Completion {
@@ -126,6 +126,7 @@ pub(super) fn register<T, C, CF, U, E2>(
                 None,
                 compensate(output),
                 &ReleaseAll,
+                None,
             )
             .await;
             out.map(drop).map_err(|e| format!("{e:?}"))

@@ -31,8 +31,9 @@ use crate::error::Error;
 use crate::flow::{self, FlowContext};
 use crate::key::{Fingerprint, Key};
 use crate::observe::{self, CallOutcome};
+use crate::recovery::{self, args::CallArgs};
 use crate::store::tx::{AsTxConnection, TxConnection};
-use crate::store::{ClaimRequest, StoreRef, Token};
+use crate::store::{ClaimRequest, RecoveryArgs, StoreRef, Token};
 
 pub use crate::spec::{Kind, Spec};
 
@@ -175,7 +176,35 @@ where
     E: FromIdemError,
     F: Future<Output = Result<T, E>>,
 {
-    run::<T, M, E, F, ReleaseAll>(spec, store, key, fingerprint, body, &ReleaseAll).await
+    run::<T, M, E, F, ReleaseAll>(spec, store, key, fingerprint, body, &ReleaseAll, None).await
+}
+
+/// [`execute`] for a call with `recover`: its arguments are stored with the
+/// claim, so a [`Worker`](crate::recovery::Worker) can finish the call if its
+/// caller never comes back (see [`crate::recovery`]).
+pub(crate) async fn execute_recoverable<T, M, E, F>(
+    spec: &Spec,
+    store: Option<StoreRef>,
+    key: Key,
+    fingerprint: Option<Fingerprint>,
+    args: CallArgs,
+    body: F,
+) -> Result<T, E>
+where
+    T: StoredForm<M>,
+    E: FromIdemError,
+    F: Future<Output = Result<T, E>>,
+{
+    run::<T, M, E, F, ReleaseAll>(
+        spec,
+        store,
+        key,
+        fingerprint,
+        body,
+        &ReleaseAll,
+        Some(args),
+    )
+    .await
 }
 
 /// Like [`execute`], but an `Err` for which `is_final` returns `true` is stored
@@ -220,7 +249,45 @@ where
 {
     // A call that can give up compensates its finished steps first (see `compensate`).
     let body = compensate::settle(body, is_final);
-    run::<T, M, E, _, KeepFinal<E>>(spec, store, key, fingerprint, body, &KeepFinal(is_final)).await
+    run::<T, M, E, _, KeepFinal<E>>(
+        spec,
+        store,
+        key,
+        fingerprint,
+        body,
+        &KeepFinal(is_final),
+        None,
+    )
+    .await
+}
+
+/// [`execute_keeping_final`] for a call with `recover` (see
+/// [`execute_recoverable`]).
+pub(crate) async fn execute_keeping_final_recoverable<T, M, E, F>(
+    spec: &Spec,
+    store: Option<StoreRef>,
+    key: Key,
+    fingerprint: Option<Fingerprint>,
+    is_final: fn(&E) -> bool,
+    args: CallArgs,
+    body: F,
+) -> Result<T, E>
+where
+    T: StoredForm<M>,
+    E: FromIdemError + Serialize + DeserializeOwned,
+    F: Future<Output = Result<T, E>>,
+{
+    let body = compensate::settle(body, is_final);
+    run::<T, M, E, _, KeepFinal<E>>(
+        spec,
+        store,
+        key,
+        fingerprint,
+        body,
+        &KeepFinal(is_final),
+        Some(args),
+    )
+    .await
 }
 
 /// Runs `body` at most once per `key`, recording the claim and the result on
@@ -297,7 +364,7 @@ where
         let running = hint::Running::start(spec, key, answered);
         let out = flow::scope(ctx, body(&mut *conn)).await;
         running.finish();
-        finish(spec, conn.tx_connection(), &key, token, out, &ReleaseAll).await
+        finish(spec, conn.tx_connection(), &key, token, out, &ReleaseAll, false).await
     }
     .instrument(span)
     .await
@@ -414,9 +481,16 @@ where
         }
         body.await
     };
-    let out =
-        run::<T, M, E, _, ReleaseAll>(&spec, Some(store.clone()), key, None, guarded, &ReleaseAll)
-            .await;
+    let out = run::<T, M, E, _, ReleaseAll>(
+        &spec,
+        Some(store.clone()),
+        key,
+        None,
+        guarded,
+        &ReleaseAll,
+        None,
+    )
+    .await;
     // Only a finished step spends its number; an `Err` (released, in progress,
     // a store failure) hands it back to the next call of this step.
     match out {
@@ -438,6 +512,7 @@ async fn run<T, M, E, F, P>(
     fingerprint: Option<Fingerprint>,
     body: F,
     policy: &P,
+    args: Option<CallArgs>,
 ) -> Result<T, E>
 where
     T: StoredForm<M>,
@@ -448,10 +523,27 @@ where
     let Some(store) = store.or_else(crate::install::default_store) else {
         return Err(Error::NoStore.into());
     };
+    // The first call a recovery runs must claim the abandoned record's key.
+    let recovering = match spec.kind {
+        Kind::Step => None,
+        _ => recovery::context::check(&key),
+    };
+    if recovering == Some(false) {
+        tracing::error!(scope = spec.scope, key = %key.short(), "a recovered call derived another key from its stored arguments; not claiming it");
+        return Err(Error::RecoveryMismatch {
+            scope: spec.scope.to_owned(),
+        }
+        .into());
+    }
     let span = tracing::debug_span!("idem", scope = spec.scope, key = %key.short(), fence = tracing::field::Empty);
     async move {
         let token = Token::random();
-        match acquire(spec, &store, &key, token, fingerprint).await? {
+        let sealed = args.map(|a| recovery::args::seal(&key, spec.scope, &a, store.max_result_bytes()));
+        let recovery = sealed.as_deref().map(|args| RecoveryArgs {
+            scope: spec.scope,
+            args,
+        });
+        match acquire(spec, &store, &key, token, fingerprint, recovery).await? {
             (Acquired::Replay(stored), _) => replay(spec, stored, policy),
             (Acquired::Owner { fence }, answered) => {
                 tracing::Span::current().record("fence", fence);
@@ -469,7 +561,10 @@ where
                 let out = flow::scope(ctx.clone(), beat).await;
                 running.finish();
                 let mut store = store;
-                finish(spec, &mut store, &key, token, out, policy).await
+                // A recovered call has no caller left to retry it: its claim
+                // stays until the lease runs out, and comes back to the worker.
+                let keep_claim = recovering == Some(true);
+                finish(spec, &mut store, &key, token, out, policy, keep_claim).await
             }
         }
     }

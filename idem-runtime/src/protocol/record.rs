@@ -90,6 +90,8 @@ impl<C: TxConnection + ?Sized> Recorder for C {
     }
 }
 
+/// `keep_claim`: on a retryable `Err`, leave the claim to run out with its
+/// lease instead of releasing it (a recovered call, which a worker retries).
 pub(super) async fn finish<T, M, E, P, R>(
     spec: &Spec,
     store: &mut R,
@@ -97,6 +99,7 @@ pub(super) async fn finish<T, M, E, P, R>(
     token: Token,
     out: Result<T, E>,
     policy: &P,
+    keep_claim: bool,
 ) -> Result<T, E>
 where
     T: StoredForm<M>,
@@ -114,6 +117,10 @@ where
             Some(Err(e)) => unencodable(&e),
             None => {
                 report::call(spec, CallOutcome::Failed);
+                if keep_claim {
+                    tracing::info!("the recovered call failed; its claim stays until the lease runs out, for the worker's next turn");
+                    return out;
+                }
                 if let Err(e) = store.release(key, token).await {
                     // The claim then ends with its lease and a retry takes over.
                     tracing::warn!(error = %e, "could not release the claim after an error");

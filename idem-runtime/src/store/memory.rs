@@ -7,8 +7,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    AsStore, Claim, ClaimRequest, Completion, DEFAULT_MAX_RESULT_BYTES, RecordInfo, RecordState,
-    Store, StoreRef, StoredOutcome, StoredResult, Token,
+    Abandoned, AsStore, Claim, ClaimRequest, Completion, DEFAULT_MAX_RESULT_BYTES, RecordInfo,
+    RecordState, RecoveryArgs, RecoveryInfo, RecoveryTurn, Store, StoreRef, StoredOutcome,
+    StoredResult, Token, Turn,
 };
 use crate::clock::{Clock, SystemClock, duration_millis};
 use crate::error::StoreError;
@@ -40,6 +41,17 @@ struct Record {
     fence: u64,
     expires_at: i64,
     fingerprint: Option<Fingerprint>,
+    /// What a recoverable claim stored beside it (only while PROCESSING).
+    recovery: Option<Recovery>,
+}
+
+#[derive(Debug, Clone)]
+struct Recovery {
+    scope: Arc<str>,
+    args: Arc<[u8]>,
+    attempts: u32,
+    next_at: i64,
+    parked: Option<String>,
 }
 
 #[derive(Debug)]
@@ -133,6 +145,67 @@ impl MemoryStore {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    fn claim_with(
+        &self,
+        req: ClaimRequest<'_>,
+        recovery: Option<RecoveryArgs<'_>>,
+    ) -> Result<Claim, StoreError> {
+        let now = self.now();
+        let mut shard = self.shard(req.key);
+        let old = shard.get(req.key);
+        let (fence, takeover) = match old {
+            None => (1, false),
+            Some(rec) if !is_live(rec, now) => (rec.fence + 1, false),
+            Some(rec) => match &rec.state {
+                State::Done {
+                    outcome, payload, ..
+                } => {
+                    return Ok(Claim::Done(StoredResult {
+                        fingerprint: rec.fingerprint,
+                        outcome: *outcome,
+                        payload: payload.to_vec(),
+                    }));
+                }
+                State::Processing { token, .. } if *token == req.token => (rec.fence, false),
+                State::Processing { lease_until, .. } if *lease_until > now => {
+                    return Ok(Claim::Busy {
+                        lease_remaining: remaining(*lease_until, now),
+                        fingerprint: rec.fingerprint,
+                    });
+                }
+                State::Processing { .. } => (rec.fence + 1, true),
+                State::Released => unreachable!("released records are not live"),
+            },
+        };
+        // A takeover (or the same claim re-sent) continues the abandoned call:
+        // its recovery count, backoff and parking go on with it.
+        let kept = old
+            .filter(|rec| is_live(rec, now) && matches!(rec.state, State::Processing { .. }))
+            .and_then(|rec| rec.recovery.as_ref());
+        let recovery = recovery.map(|r| Recovery {
+            scope: r.scope.into(),
+            args: r.args.into(),
+            attempts: kept.map_or(0, |k| k.attempts),
+            next_at: kept.map_or(0, |k| k.next_at),
+            parked: kept.and_then(|k| k.parked.clone()),
+        });
+        shard.insert(
+            *req.key,
+            Record {
+                state: State::Processing {
+                    token: req.token,
+                    lease_until: now.saturating_add(duration_millis(req.lease)),
+                },
+                fence,
+                expires_at: now.saturating_add(duration_millis(req.ttl)),
+                fingerprint: req.fingerprint,
+                recovery,
+            },
+        );
+        Ok(Claim::Acquired { fence, takeover })
+    }
+
+
     fn now(&self) -> i64 {
         self.inner.clock.now_millis()
     }
@@ -157,45 +230,15 @@ impl Store for MemoryStore {
     }
 
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        let now = self.now();
-        let mut shard = self.shard(req.key);
-        let (fence, takeover) = match shard.get(req.key) {
-            None => (1, false),
-            Some(rec) if !is_live(rec, now) => (rec.fence + 1, false),
-            Some(rec) => match &rec.state {
-                State::Done {
-                    outcome, payload, ..
-                } => {
-                    return Ok(Claim::Done(StoredResult {
-                        fingerprint: rec.fingerprint,
-                        outcome: *outcome,
-                        payload: payload.to_vec(),
-                    }));
-                }
-                State::Processing { token, .. } if *token == req.token => (rec.fence, false),
-                State::Processing { lease_until, .. } if *lease_until > now => {
-                    return Ok(Claim::Busy {
-                        lease_remaining: remaining(*lease_until, now),
-                        fingerprint: rec.fingerprint,
-                    });
-                }
-                State::Processing { .. } => (rec.fence + 1, true),
-                State::Released => unreachable!("released records are not live"),
-            },
-        };
-        shard.insert(
-            *req.key,
-            Record {
-                state: State::Processing {
-                    token: req.token,
-                    lease_until: now.saturating_add(duration_millis(req.lease)),
-                },
-                fence,
-                expires_at: now.saturating_add(duration_millis(req.ttl)),
-                fingerprint: req.fingerprint,
-            },
-        );
-        Ok(Claim::Acquired { fence, takeover })
+        self.claim_with(req, None)
+    }
+
+    async fn claim_recoverable(
+        &self,
+        req: ClaimRequest<'_>,
+        recovery: RecoveryArgs<'_>,
+    ) -> Result<Claim, StoreError> {
+        self.claim_with(req, Some(recovery))
     }
 
     async fn complete(
@@ -213,6 +256,7 @@ impl Store for MemoryStore {
                     payload: completion.payload.into(),
                     token,
                 };
+                rec.recovery = None;
                 rec.expires_at = now.saturating_add(duration_millis(completion.ttl));
                 Ok(true)
             }
@@ -230,6 +274,7 @@ impl Store for MemoryStore {
         match shard.get_mut(key) {
             Some(rec) if owned_by(rec, token) => {
                 rec.state = State::Released;
+                rec.recovery = None;
                 Ok(true)
             }
             _ => Ok(false),
@@ -321,6 +366,104 @@ impl Store for MemoryStore {
             purged += dead.len();
         }
         Ok(purged as u64)
+    }
+
+    async fn recovery_scopes(&self) -> Result<Vec<String>, StoreError> {
+        let now = self.now();
+        let mut scopes = std::collections::BTreeSet::new();
+        for shard in &self.inner.shards {
+            let map = shard.lock().unwrap_or_else(|p| p.into_inner());
+            for rec in map.values().filter(|r| is_live(r, now)) {
+                if let (State::Processing { .. }, Some(r)) = (&rec.state, &rec.recovery) {
+                    scopes.insert(r.scope.to_string());
+                }
+            }
+        }
+        Ok(scopes.into_iter().collect())
+    }
+
+    async fn abandoned(&self, scope: &str, limit: usize) -> Result<Vec<Abandoned>, StoreError> {
+        let now = self.now();
+        let mut found = Vec::new();
+        for shard in &self.inner.shards {
+            let map = shard.lock().unwrap_or_else(|p| p.into_inner());
+            for (key, rec) in map.iter().filter(|(_, r)| is_live(r, now)) {
+                let (State::Processing { lease_until, .. }, Some(r)) = (&rec.state, &rec.recovery)
+                else {
+                    continue;
+                };
+                if *lease_until <= now && &*r.scope == scope && r.parked.is_none() && r.next_at <= now {
+                    found.push(Abandoned {
+                        key: *key,
+                        fence: rec.fence,
+                        args: r.args.to_vec(),
+                        attempts: r.attempts,
+                        lease_until_millis: *lease_until,
+                    });
+                }
+            }
+        }
+        found.sort_by_key(|a| a.lease_until_millis);
+        found.truncate(limit);
+        Ok(found)
+    }
+
+    async fn take_recovery(&self, key: &Key, turn: RecoveryTurn<'_>) -> Result<Turn, StoreError> {
+        let now = self.now();
+        let mut shard = self.shard(key);
+        let Some(rec) = shard.get_mut(key).filter(|r| is_live(r, now) && r.fence == turn.fence)
+        else {
+            return Ok(Turn::Gone);
+        };
+        let (State::Processing { lease_until, .. }, Some(r)) = (&rec.state, &mut rec.recovery) else {
+            return Ok(Turn::Gone);
+        };
+        if *lease_until > now || r.parked.is_some() || (r.next_at > now && !turn.park_now) {
+            return Ok(Turn::Gone);
+        }
+        if turn.park_now || r.attempts >= turn.max_attempts {
+            r.parked = Some(turn.note.to_owned());
+            return Ok(Turn::Parked {
+                attempts: r.attempts,
+            });
+        }
+        r.attempts += 1;
+        r.next_at = now.saturating_add(duration_millis(turn.retry_in));
+        Ok(Turn::Run {
+            attempt: r.attempts,
+        })
+    }
+
+    async fn recovery_info(&self, key: &Key) -> Result<Option<RecoveryInfo>, StoreError> {
+        let now = self.now();
+        let shard = self.shard(key);
+        Ok(shard
+            .get(key)
+            .filter(|r| is_live(r, now) && matches!(r.state, State::Processing { .. }))
+            .and_then(|rec| rec.recovery.as_ref())
+            .map(|r| RecoveryInfo {
+                scope: r.scope.to_string(),
+                attempts: r.attempts,
+                next_attempt_millis: r.next_at,
+                parked: r.parked.clone(),
+                args_bytes: r.args.len(),
+            }))
+    }
+
+    async fn retry_recovery(&self, key: &Key) -> Result<bool, StoreError> {
+        let now = self.now();
+        let mut shard = self.shard(key);
+        let Some(r) = shard
+            .get_mut(key)
+            .filter(|r| is_live(r, now) && matches!(r.state, State::Processing { .. }))
+            .and_then(|rec| rec.recovery.as_mut())
+        else {
+            return Ok(false);
+        };
+        r.attempts = 0;
+        r.next_at = 0;
+        r.parked = None;
+        Ok(true)
     }
 }
 

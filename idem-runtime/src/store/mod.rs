@@ -26,9 +26,11 @@ pub mod redis;
     doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
 )]
 pub mod sql;
+mod recovery;
 mod sweeper;
 pub mod tx;
 
+pub use recovery::{Abandoned, RecoveryArgs, RecoveryInfo, RecoveryTurn, Turn};
 pub use sweeper::spawn_sweeper;
 
 /// Results larger than this are not stored unless a store says otherwise.
@@ -294,6 +296,68 @@ pub trait Store: Send + Sync + 'static {
             "stats",
             "this store does not count its records",
         ))
+    }
+
+    // Recovery (`#[idempotent(…, recover)]`, `crate::recovery`). A store that
+    // keeps nothing for it inherits these defaults: recoverable calls run as
+    // plain ones, and a worker on it reports that it cannot work.
+
+    /// [`Store::claim`] that also stores the call's scope and sealed
+    /// arguments with the claim, in the same atomic operation, when it
+    /// acquires the record. A takeover keeps the recovery count, the backoff
+    /// and a parking (they belong to the abandoned call, which this owner
+    /// continues); any other acquisition starts them afresh. A plain
+    /// [`Store::claim`] that acquires the record drops what was stored, and
+    /// so do completion and release.
+    ///
+    /// The default claims without storing anything.
+    async fn claim_recoverable(
+        &self,
+        req: ClaimRequest<'_>,
+        recovery: RecoveryArgs<'_>,
+    ) -> Result<Claim, StoreError> {
+        let _ = recovery;
+        self.claim(req).await
+    }
+
+    /// The scopes of the PROCESSING records that have arguments stored,
+    /// abandoned or not: a worker compares them with the functions it has.
+    async fn recovery_scopes(&self) -> Result<Vec<String>, StoreError> {
+        Err(recovery::unsupported(self.backend(), "recovery_scopes"))
+    }
+
+    /// Up to `limit` records of `scope` that are PROCESSING past their lease
+    /// with arguments stored, not parked and past their backoff, oldest lease
+    /// first.
+    async fn abandoned(&self, scope: &str, limit: usize) -> Result<Vec<Abandoned>, StoreError> {
+        let _ = (scope, limit);
+        Err(recovery::unsupported(self.backend(), "abandoned"))
+    }
+
+    /// Atomically: if the record is still abandoned at `turn.fence`
+    /// (PROCESSING, its lease run out, arguments stored, not parked, past its
+    /// backoff; or, with `park_now`, whatever its backoff), count one more
+    /// attempt and set the next one `turn.retry_in` from now; past
+    /// `turn.max_attempts` (or with `park_now`) park it with `turn.note`
+    /// instead. Two workers taking a turn at the same record: one gets it.
+    async fn take_recovery(&self, key: &Key, turn: RecoveryTurn<'_>) -> Result<Turn, StoreError> {
+        let _ = (key, turn);
+        Err(recovery::unsupported(self.backend(), "take_recovery"))
+    }
+
+    /// The recovery state of a live PROCESSING record with arguments stored.
+    /// The default knows none.
+    async fn recovery_info(&self, key: &Key) -> Result<Option<RecoveryInfo>, StoreError> {
+        let _ = key;
+        Ok(None)
+    }
+
+    /// An operator's retry (`idem recover`): clears a parking, the count and
+    /// the backoff of a PROCESSING record with arguments stored, so a worker
+    /// takes it up once its lease has run out. Returns whether there was one.
+    async fn retry_recovery(&self, key: &Key) -> Result<bool, StoreError> {
+        let _ = key;
+        Err(recovery::unsupported(self.backend(), "retry_recovery"))
     }
 }
 

@@ -1,0 +1,59 @@
+//! Recovery: abandoned flows finish on their own.
+//!
+//! A multi-step flow resumes when its caller calls again. A caller that never
+//! comes back (a killed process, a client that gave up) leaves the flow half
+//! done: the stock deducted and no order, and no compensation either. With
+//! `#[idempotent(…, recover)]` the call's arguments are stored with its
+//! claim, and a [`Worker`] that finds the claim's lease run out runs the
+//! function again with them. Its own claim takes the record over, so the
+//! finished steps replay, the rest run, a final error (`final_err`)
+//! compensates, and the caller who does come back replays the result.
+//!
+//! ```
+//! use idem_runtime::recovery::{Recovery, Worker};
+//! use idem_runtime::store::memory::MemoryStore;
+//! use idem_runtime::{idempotent, recoverable, step};
+//!
+//! # #[derive(Debug)] struct AppError;
+//! # impl From<idem_runtime::Error> for AppError { fn from(_: idem_runtime::Error) -> Self { AppError } }
+//! #[idempotent(scope = "orders.create", key = "order_no", lease = "5s", recover)]
+//! async fn create_order(order_no: String, qty: u32) -> Result<String, AppError> {
+//!     let ticket = deduct_stock(qty).await?;
+//!     Ok(format!("{order_no}: {ticket}"))
+//! }
+//!
+//! #[step("deduct_stock")]
+//! async fn deduct_stock(qty: u32) -> Result<u64, AppError> { Ok(u64::from(qty)) }
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let store = MemoryStore::new();
+//! idem_runtime::install(store.clone());
+//! // At start-up, one line per function, and the worker beside the service:
+//! let recovery = Recovery::new().register(recoverable!(create_order));
+//! let worker = Worker::builder(store, recovery).build();
+//! tokio::spawn(async move { worker.run().await });
+//! # });
+//! ```
+//!
+//! - `registry.rs`: [`Recovery`], which function resumes which scope, and
+//!   [`Recoverable`], what `recoverable!` returns;
+//! - `worker.rs`: [`Worker`], its passes and turns;
+//! - `args.rs`: the arguments as stored: sealed under the key secret,
+//!   capped like results;
+//! - `context.rs`: what the worker tells the call it runs (the key it must
+//!   claim) and learns back;
+//! - `metrics.rs`: `idem_recovery_*`.
+//!
+//! See the README's "Recovery" for what is stored, what runs again and what
+//! it does not cover.
+
+pub(crate) mod args;
+pub(crate) mod context;
+mod metrics;
+mod registry;
+mod worker;
+
+pub use registry::{Recoverable, Recovery};
+#[doc(hidden)]
+pub use registry::{Ended, Prepared};
+pub use worker::{Pass, Worker, WorkerBuilder, WorkerStats};

@@ -1,0 +1,505 @@
+//! The worker: finds claims whose lease ran out with arguments stored, and
+//! runs their registered function with those arguments.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use super::context::{self, Expectation, Met};
+use super::registry::{Ended, Recoverable, Recovery};
+use super::{args, metrics};
+use crate::clock::{Clock, SystemClock};
+use crate::error::StoreError;
+use crate::observe::CallOutcome;
+use crate::protocol::report::{self, Noted};
+use crate::store::{Abandoned, AsStore, RecoveryTurn, StoreRef, Turn};
+
+/// Counts since the worker was built, and what its last pass found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WorkerStats {
+    /// Passes made.
+    pub passes: u64,
+    /// Flows the worker finished with their result (or found finished).
+    pub recovered: u64,
+    /// Flows that ended with a final error during recovery: the error is
+    /// stored and the finished steps compensated.
+    pub gave_up: u64,
+    /// Recoveries that did not finish the flow (a retryable error, a panic,
+    /// a store failure); each comes back after its backoff.
+    pub failed: u64,
+    /// Claims parked for an operator.
+    pub parked: u64,
+    /// Turns that found the claim held by someone else (the caller came
+    /// back, or another worker got there first).
+    pub busy: u64,
+    /// From the last pass: abandoned claims per scope that no registered
+    /// function resumes. They are left alone (another service's worker may
+    /// own them) and reported, never skipped silently.
+    pub unregistered: BTreeMap<String, u64>,
+    /// From the last pass: how long the oldest abandoned claim found had
+    /// waited since its lease ran out.
+    pub oldest_abandoned: Option<Duration>,
+    /// Why the last pass failed, when it did (a store that keeps no
+    /// recovery state says so here).
+    pub last_error: Option<String>,
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Pass {
+    /// Abandoned claims found in registered scopes.
+    pub found: usize,
+    /// Finished with their result.
+    pub recovered: usize,
+    /// Ended with a final error (compensated).
+    pub gave_up: usize,
+    /// Did not finish; back after their backoff.
+    pub failed: usize,
+    /// Parked.
+    pub parked: usize,
+    /// Held by someone else.
+    pub busy: usize,
+    /// Abandoned claims per scope with no function registered.
+    pub unregistered: BTreeMap<String, u64>,
+    /// The oldest abandoned claim's wait.
+    pub oldest_abandoned: Option<Duration>,
+}
+
+#[derive(Debug, Clone)]
+struct Settings {
+    concurrency: usize,
+    batch: usize,
+    max_attempts: u32,
+    first_backoff: Duration,
+    max_backoff: Duration,
+    poll: Duration,
+}
+
+/// Settings of a [`Worker`].
+#[derive(Debug)]
+pub struct WorkerBuilder {
+    store: StoreRef,
+    recovery: Recovery,
+    s: Settings,
+}
+
+impl WorkerBuilder {
+    /// How many recoveries run at once (default 4).
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.s.concurrency = n.max(1);
+        self
+    }
+
+    /// How many abandoned claims of each scope one pass takes (default 64).
+    pub fn batch(mut self, n: usize) -> Self {
+        self.s.batch = n.max(1);
+        self
+    }
+
+    /// How many recoveries a claim gets before it is parked for an operator
+    /// (default 5).
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.s.max_attempts = n.max(1);
+        self
+    }
+
+    /// The wait before a claim's next recovery: `first` after the first
+    /// attempt, doubling to at most `max` (defaults 10 s and 10 min). A
+    /// recovery that ends with a retryable error also keeps the claim until
+    /// its lease runs out.
+    pub fn backoff(mut self, first: Duration, max: Duration) -> Self {
+        self.s.first_backoff = first;
+        self.s.max_backoff = max.max(first);
+        self
+    }
+
+    /// How long [`Worker::run`] waits between passes (default 5 s).
+    pub fn poll_interval(mut self, every: Duration) -> Self {
+        self.s.poll = every.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The worker.
+    pub fn build(self) -> Worker {
+        Worker {
+            store: self.store,
+            recovery: Arc::new(self.recovery),
+            s: self.s,
+            stats: Arc::new(Mutex::new(WorkerStats::default())),
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+/// Finishes flows whose caller never came back.
+///
+/// Each pass asks the store for the claims of every registered scope whose
+/// lease ran out with arguments stored (`#[idempotent(…, recover)]`), takes a
+/// turn at each (so two workers never run the same claim at once, and each
+/// claim's attempts are counted and spaced by a backoff), and runs the
+/// registered function with the stored arguments. The function's own claim
+/// takes the record over as any caller's would: finished steps replay, the
+/// rest run, a final error compensates, and its result is stored for the
+/// caller who comes back. After `max_attempts` recoveries that did not finish
+/// it, the claim is parked for an operator (`idem inspect` shows it,
+/// `idem recover` lets the worker try again).
+///
+/// A live claim, one whose owner still heartbeats, is never touched: only a
+/// lease that ran out makes a claim abandoned.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_runtime::recovery::{Recovery, Worker};
+/// use idem_runtime::store::memory::MemoryStore;
+/// use idem_runtime::{idempotent, recoverable};
+///
+/// # #[derive(Debug)] struct AppError;
+/// # impl From<idem_runtime::Error> for AppError { fn from(_: idem_runtime::Error) -> Self { AppError } }
+/// #[idempotent(scope = "orders.create", key = "order_no", recover)]
+/// async fn create_order(order_no: String) -> Result<u64, AppError> {
+///     Ok(7)
+/// }
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let store = MemoryStore::new();
+/// idem_runtime::install(store.clone());
+/// let worker = Worker::builder(store, Recovery::new().register(recoverable!(create_order)))
+///     .concurrency(8)
+///     .max_attempts(5)
+///     .build();
+/// let pass = worker.run_once().await?;
+/// assert_eq!(pass.found, 0); // nothing was abandoned
+/// // In a service: tokio::spawn(async move { worker.run().await });
+/// # Ok::<(), idem_runtime::StoreError>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug, Clone)]
+pub struct Worker {
+    store: StoreRef,
+    recovery: Arc<Recovery>,
+    s: Settings,
+    stats: Arc<Mutex<WorkerStats>>,
+    clock: Arc<dyn Clock>,
+}
+
+/// How one turn went.
+enum Outcome {
+    Recovered,
+    GaveUp,
+    Failed,
+    Parked,
+    Busy,
+    /// Not abandoned any more by the time of the turn.
+    Gone,
+}
+
+impl Worker {
+    /// A worker on `store` (the store the registered functions claim in)
+    /// running the functions in `recovery`.
+    pub fn builder(store: impl AsStore, recovery: Recovery) -> WorkerBuilder {
+        WorkerBuilder {
+            store: store.as_store(),
+            recovery,
+            s: Settings {
+                concurrency: 4,
+                batch: 64,
+                max_attempts: 5,
+                first_backoff: Duration::from_secs(10),
+                max_backoff: Duration::from_secs(600),
+                poll: Duration::from_secs(5),
+            },
+        }
+    }
+
+    /// Counts since the worker was built, and what the last pass found.
+    pub fn stats(&self) -> WorkerStats {
+        lock(&self.stats).clone()
+    }
+
+    fn backoff_for(&self, attempt: u32) -> Duration {
+        let doublings = attempt.saturating_sub(1).min(31);
+        self.s
+            .first_backoff
+            .saturating_mul(1u32 << doublings)
+            .min(self.s.max_backoff)
+    }
+
+    /// One pass: every abandoned claim found in a registered scope gets its
+    /// turn (up to `batch` per scope, `concurrency` at once); abandoned claims
+    /// of other scopes are counted and reported. `Err` only when the store
+    /// failed (or keeps no recovery state); a recovery's own failure is
+    /// counted, and the claim comes back after its backoff.
+    pub async fn run_once(&self) -> Result<Pass, StoreError> {
+        let out = self.pass().await;
+        let mut stats = lock(&self.stats);
+        stats.passes += 1;
+        match &out {
+            Ok(pass) => {
+                stats.recovered += pass.recovered as u64;
+                stats.gave_up += pass.gave_up as u64;
+                stats.failed += pass.failed as u64;
+                stats.parked += pass.parked as u64;
+                stats.busy += pass.busy as u64;
+                stats.unregistered = pass.unregistered.clone();
+                stats.oldest_abandoned = pass.oldest_abandoned;
+                stats.last_error = None;
+            }
+            Err(e) => stats.last_error = Some(e.to_string()),
+        }
+        out
+    }
+
+    async fn pass(&self) -> Result<Pass, StoreError> {
+        let stored: BTreeSet<String> = self.store.recovery_scopes().await?.into_iter().collect();
+        let now = self.clock.now_millis();
+        let mut pass = Pass::default();
+        let mut jobs = JoinSet::new();
+        let permits = Arc::new(Semaphore::new(self.s.concurrency));
+        for scope in self.recovery.scopes() {
+            if !stored.contains(scope) {
+                metrics::oldest_abandoned(scope, Duration::ZERO);
+                continue;
+            }
+            let found = self.store.abandoned(scope, self.s.batch).await?;
+            let oldest = found.first().map_or(Duration::ZERO, |a| waited(a, now));
+            metrics::oldest_abandoned(scope, oldest);
+            pass.found += found.len();
+            if !found.is_empty() {
+                pass.oldest_abandoned = pass.oldest_abandoned.max(Some(oldest));
+            }
+            let function = self
+                .recovery
+                .get(scope)
+                .expect("a registered scope has its function")
+                .clone();
+            for abandoned in found {
+                let permit = permits
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .expect("the semaphore is never closed");
+                let worker = self.clone();
+                let function = function.clone();
+                jobs.spawn(async move {
+                    let outcome = worker.turn(&function, &abandoned).await;
+                    drop(permit);
+                    (function.scope(), outcome)
+                });
+            }
+        }
+        // Claims the worker cannot run: found, reported, left for their owner.
+        for scope in stored.iter().filter(|s| self.recovery.get(s).is_none()) {
+            let found = self.store.abandoned(scope, self.s.batch).await?;
+            metrics::unregistered(scope, found.len());
+            let Some(first) = found.first() else { continue };
+            let oldest = waited(first, now);
+            metrics::oldest_abandoned(scope, oldest);
+            pass.oldest_abandoned = pass.oldest_abandoned.max(Some(oldest));
+            tracing::warn!(
+                scope,
+                abandoned = found.len(),
+                oldest_secs = oldest.as_secs(),
+                "abandoned claims with stored arguments and no function registered for their scope: register it in this worker (or run the worker of the service that owns it)"
+            );
+            pass.unregistered.insert(scope.clone(), found.len() as u64);
+        }
+        while let Some(joined) = jobs.join_next().await {
+            let (scope, outcome) = match joined {
+                Ok(done) => done,
+                // `turn` itself does not panic; a panicking function is caught inside it.
+                Err(e) => {
+                    tracing::error!(error = %e, "a recovery task ended abnormally");
+                    pass.failed += 1;
+                    continue;
+                }
+            };
+            match outcome {
+                Outcome::Recovered => {
+                    metrics::recovered(scope, "ok");
+                    pass.recovered += 1;
+                }
+                Outcome::GaveUp => {
+                    metrics::recovered(scope, "final_error");
+                    pass.gave_up += 1;
+                }
+                Outcome::Failed => {
+                    metrics::failed(scope);
+                    pass.failed += 1;
+                }
+                Outcome::Parked => {
+                    metrics::parked(scope);
+                    pass.parked += 1;
+                }
+                Outcome::Busy => pass.busy += 1,
+                Outcome::Gone => {}
+            }
+        }
+        Ok(pass)
+    }
+
+    /// One abandoned claim: check and decode its arguments, take the turn,
+    /// run the function.
+    async fn turn(&self, function: &Recoverable, abandoned: &Abandoned) -> Outcome {
+        let span = tracing::info_span!("idem_recovery", scope = function.scope(), key = %abandoned.key.short(), fence = abandoned.fence);
+        tracing::Instrument::instrument(self.turn_in_span(function, abandoned), span).await
+    }
+
+    async fn turn_in_span(&self, function: &Recoverable, abandoned: &Abandoned) -> Outcome {
+        let scope = function.scope();
+        let key = abandoned.key;
+        let prepared = args::open(&key, scope, &abandoned.args)
+            .map_err(|why| why.0)
+            .and_then(|json| {
+                function.prepare(json).map_err(|e| {
+                    format!(
+                        "the stored arguments do not decode into the function's parameters ({e}): its signature changed since the call was made"
+                    )
+                })
+            });
+        let call = match prepared {
+            Ok(call) => call,
+            Err(why) => return self.park_now(abandoned, scope, &why).await,
+        };
+        let note = format!(
+            "gave up after {} recoveries that did not finish the flow",
+            self.s.max_attempts
+        );
+        let turn = RecoveryTurn {
+            fence: abandoned.fence,
+            retry_in: self.backoff_for(abandoned.attempts.saturating_add(1)),
+            max_attempts: self.s.max_attempts,
+            note: &note,
+            park_now: false,
+        };
+        let attempt = match self.store.take_recovery(&key, turn).await {
+            Ok(Turn::Run { attempt }) => attempt,
+            Ok(Turn::Parked { attempts }) => {
+                tracing::warn!(attempts, "parked for an operator: {note}; `idem recover` retries it");
+                return Outcome::Parked;
+            }
+            Ok(Turn::Gone) => return Outcome::Gone,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not take a turn at the claim");
+                return Outcome::Failed;
+            }
+        };
+        let expectation = Expectation::new(key);
+        // Spawned, so a panicking function is a failed recovery, not a dead worker.
+        let run = tokio::spawn(tracing::Instrument::in_current_span(report::observed(
+            context::expect(expectation.clone(), call),
+        )));
+        let (ended, noted) = match run.await {
+            Ok(done) => done,
+            Err(e) => {
+                tracing::error!(attempt, error = %e, "the recovered call panicked; its claim comes back after its lease and backoff");
+                return Outcome::Failed;
+            }
+        };
+        match (expectation.met(), ended, noted) {
+            (Met::Mismatched, ..) => {
+                self.park_now(
+                    abandoned,
+                    scope,
+                    "the stored arguments derive another key than the record's: the key's segments, the scope or the key secret changed since the call was made",
+                )
+                .await
+            }
+            (Met::Never, ..) => {
+                tracing::warn!(attempt, "the recovered call ended before it claimed its key (is a store installed?)");
+                Outcome::Failed
+            }
+            (Met::Matched, Ended::Ok, _) => {
+                tracing::info!(attempt, "recovered the flow");
+                Outcome::Recovered
+            }
+            (
+                Met::Matched,
+                Ended::Err,
+                Some(Noted::Call {
+                    outcome: CallOutcome::Executed | CallOutcome::Replayed,
+                    recorded_err: true,
+                }),
+            ) => {
+                tracing::info!(attempt, "the recovered flow ended with its final error; finished steps compensated");
+                Outcome::GaveUp
+            }
+            (
+                Met::Matched,
+                Ended::Err,
+                Some(Noted::Call {
+                    outcome: CallOutcome::InProgress,
+                    ..
+                })
+                | Some(Noted::Fenced { .. }),
+            ) => {
+                tracing::info!(attempt, "another owner holds the claim now");
+                Outcome::Busy
+            }
+            (Met::Matched, Ended::Err, noted) => {
+                let why = match noted {
+                    Some(Noted::Call { outcome, .. }) => outcome.as_str(),
+                    _ => "error",
+                };
+                tracing::warn!(attempt, outcome = why, "the recovery did not finish the flow; it comes back after its lease and backoff");
+                Outcome::Failed
+            }
+        }
+    }
+
+    async fn park_now(&self, abandoned: &Abandoned, scope: &str, why: &str) -> Outcome {
+        let turn = RecoveryTurn {
+            fence: abandoned.fence,
+            retry_in: Duration::ZERO,
+            max_attempts: self.s.max_attempts,
+            note: why,
+            park_now: true,
+        };
+        match self.store.take_recovery(&abandoned.key, turn).await {
+            Ok(Turn::Parked { .. }) => {
+                tracing::error!(scope, key = %abandoned.key.short(), "parked for an operator: {why}");
+                Outcome::Parked
+            }
+            Ok(Turn::Gone) => Outcome::Gone,
+            Ok(Turn::Run { .. }) => Outcome::Failed,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not park the claim");
+                Outcome::Failed
+            }
+        }
+    }
+
+    /// Passes until the process ends, `poll_interval` apart. Store errors are
+    /// logged and retried next pass; they never end the loop.
+    pub async fn run(&self) {
+        self.run_until(std::future::pending::<()>()).await
+    }
+
+    /// [`Worker::run`] until `shutdown` completes (a pass in progress is
+    /// finished first).
+    pub async fn run_until<F: Future>(&self, shutdown: F) {
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            if let Err(e) = self.run_once().await {
+                tracing::warn!(error = %e, "recovery pass failed; retrying next pass");
+            }
+            tokio::select! {
+                () = tokio::time::sleep(self.s.poll) => {}
+                _ = &mut shutdown => return,
+            }
+        }
+    }
+}
+
+fn waited(abandoned: &Abandoned, now: i64) -> Duration {
+    Duration::from_millis(u64::try_from(now - abandoned.lease_until_millis).unwrap_or(0))
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

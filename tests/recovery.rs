@@ -1,0 +1,325 @@
+//! The recovery worker in one process, on the memory store with a manual
+//! clock: a flow abandoned after its first step (its future dropped, as a
+//! cancelled request leaves it) is finished by the worker; a final error
+//! compensates once; a live claim is never touched; two workers recover each
+//! flow once; attempts are counted, spaced and parked; arguments that cannot
+//! be used are parked, and scopes without a function are reported. The same
+//! across real processes and the server stores is `recovery_crash.rs`.
+
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem_runtime::recovery::{Recovery, Worker};
+use idem_runtime::store::memory::MemoryStore;
+use idem_runtime::store::{ClaimRequest, RecoveryArgs, Store, Token};
+use idem_runtime::{Key, ManualClock, idempotent, recoverable, step};
+use serde::{Deserialize, Serialize};
+
+static CLOCK: LazyLock<ManualClock> = LazyLock::new(|| ManualClock::new(1_000_000));
+/// The tests move one clock: they take turns.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+static STORE: LazyLock<MemoryStore> =
+    LazyLock::new(|| MemoryStore::builder().clock(CLOCK.clone()).build());
+
+#[derive(Debug, thiserror::Error, Serialize, Deserialize)]
+enum AppError {
+    #[error(transparent)]
+    #[serde(skip)]
+    Idem(#[from] idem_runtime::Error),
+    #[error("rejected")]
+    Rejected,
+    #[error("flaky")]
+    Flaky,
+}
+
+impl AppError {
+    fn is_final(&self) -> bool {
+        matches!(self, AppError::Rejected)
+    }
+}
+
+/// Counts of what the steps did, per test (each test has its own flow).
+#[derive(Default)]
+struct Effects {
+    reserved: AtomicUsize,
+    charged: AtomicUsize,
+    released: AtomicUsize,
+    /// Step two waits while set (the caller is "killed" there).
+    hold: AtomicBool,
+    /// Step two fails with `Rejected` while set.
+    reject: AtomicBool,
+    /// Step two fails retryably while set.
+    flaky: AtomicBool,
+}
+
+static ORDERS: LazyLock<Effects> = LazyLock::new(Effects::default);
+
+#[idempotent(scope = "recovery.order", key = "order_no", lease = "1s", store = &*STORE, recover)]
+async fn order(order_no: String, qty: u32, note: &str) -> Result<String, AppError> {
+    let ticket = reserve(&ORDERS, qty).await?;
+    let charge = charge(&ORDERS, &order_no).await?;
+    Ok(format!("{order_no}:{ticket}:{charge}:{note}"))
+}
+
+#[step("reserve", compensate = "unreserve")]
+async fn reserve(fx: &'static Effects, qty: u32) -> Result<u64, AppError> {
+    fx.reserved.fetch_add(1, Ordering::SeqCst);
+    Ok(u64::from(qty) * 10)
+}
+
+async fn unreserve(_ticket: u64) -> Result<(), AppError> {
+    GIVE_UPS.released.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+#[step("charge")]
+async fn charge(fx: &'static Effects, order_no: &str) -> Result<String, AppError> {
+    while fx.hold.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    if fx.reject.load(Ordering::SeqCst) {
+        return Err(AppError::Rejected);
+    }
+    if fx.flaky.load(Ordering::SeqCst) {
+        return Err(AppError::Flaky);
+    }
+    fx.charged.fetch_add(1, Ordering::SeqCst);
+    Ok(format!("charge-{order_no}"))
+}
+
+static GIVE_UPS: LazyLock<Effects> = LazyLock::new(Effects::default);
+
+#[idempotent(scope = "recovery.give_up", key = "order_no", lease = "1s", store = &*STORE, final_err = AppError::is_final, recover)]
+async fn give_up(order_no: String) -> Result<String, AppError> {
+    let ticket = reserve(&GIVE_UPS, 1).await?;
+    let charge = charge(&GIVE_UPS, &order_no).await?;
+    Ok(format!("{ticket}:{charge}"))
+}
+
+static FLAKY: LazyLock<Effects> = LazyLock::new(Effects::default);
+
+#[idempotent(scope = "recovery.flaky", key = "order_no", lease = "1s", store = &*STORE, recover)]
+async fn flaky(order_no: String) -> Result<String, AppError> {
+    reserve(&FLAKY, 1).await?;
+    charge(&FLAKY, &order_no).await
+}
+
+/// A service whose method recovers on the value given at registration.
+#[derive(Clone)]
+struct Shop {
+    fx: &'static Effects,
+}
+
+static SHOP: LazyLock<Effects> = LazyLock::new(Effects::default);
+
+impl Shop {
+    #[idempotent(scope = "recovery.shop", key = "order_no", lease = "1s", store = &*STORE, recover)]
+    async fn buy(&self, order_no: &str) -> Result<String, AppError> {
+        reserve(self.fx, 2).await?;
+        charge(self.fx, order_no).await
+    }
+}
+
+/// Starts `call`, lets it finish step one and hold in step two, then drops
+/// it there (as a cancelled request or a dead process leaves it), and lets
+/// the lease run out.
+async fn abandon_in_step_two<F>(fx: &Effects, call: F)
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send,
+{
+    fx.hold.store(true, Ordering::SeqCst);
+    let before = fx.reserved.load(Ordering::SeqCst);
+    let task = tokio::spawn(call);
+    while fx.reserved.load(Ordering::SeqCst) == before {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    task.abort();
+    let _ = task.await;
+    fx.hold.store(false, Ordering::SeqCst);
+    CLOCK.advance(Duration::from_secs(2));
+}
+
+fn worker(recovery: Recovery) -> Worker {
+    Worker::builder(&*STORE, recovery)
+        .backoff(Duration::from_secs(10), Duration::from_secs(60))
+        .max_attempts(2)
+        .build()
+}
+
+#[tokio::test]
+async fn an_abandoned_flow_is_finished_by_the_worker_and_replayed_to_its_caller() {
+    let _serial = SERIAL.lock().await;
+    abandon_in_step_two(&ORDERS, order("o-1".into(), 3, "gift")).await;
+    assert_eq!(ORDERS.reserved.load(Ordering::SeqCst), 1);
+    assert_eq!(ORDERS.charged.load(Ordering::SeqCst), 0);
+
+    let w = worker(Recovery::new().register(recoverable!(order)));
+    let pass = w.run_once().await.unwrap();
+    assert_eq!((pass.found, pass.recovered), (1, 1), "{pass:?}");
+    // Step one replayed, step two ran: each effect once.
+    assert_eq!(ORDERS.reserved.load(Ordering::SeqCst), 1);
+    assert_eq!(ORDERS.charged.load(Ordering::SeqCst), 1);
+
+    // The caller comes back and gets the recovered result, without a run.
+    assert_eq!(
+        order("o-1".into(), 3, "gift").await.unwrap(),
+        "o-1:30:charge-o-1:gift"
+    );
+    assert_eq!(ORDERS.charged.load(Ordering::SeqCst), 1);
+    // Nothing is left for the next pass.
+    assert_eq!(w.run_once().await.unwrap().found, 0);
+    assert_eq!(w.stats().recovered, 1);
+}
+
+#[tokio::test]
+async fn a_method_recovers_on_the_registered_service() {
+    let _serial = SERIAL.lock().await;
+    let shop = Shop { fx: &SHOP };
+    let caller = shop.clone();
+    abandon_in_step_two(&SHOP, async move { caller.buy("s-1").await }).await;
+    let w = worker(Recovery::new().register(recoverable!(Shop::buy, shop.clone())));
+    let pass = w.run_once().await.unwrap();
+    assert_eq!(pass.recovered, 1, "{pass:?}");
+    assert_eq!(SHOP.charged.load(Ordering::SeqCst), 1);
+    assert_eq!(shop.buy("s-1").await.unwrap(), "charge-s-1");
+    assert_eq!(SHOP.charged.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_final_error_during_recovery_compensates_the_finished_steps_once() {
+    let _serial = SERIAL.lock().await;
+    abandon_in_step_two(&GIVE_UPS, give_up("g-1".into())).await;
+    GIVE_UPS.reject.store(true, Ordering::SeqCst);
+    let w = worker(Recovery::new().register(recoverable!(give_up)));
+    let pass = w.run_once().await.unwrap();
+    assert_eq!((pass.gave_up, pass.recovered), (1, 0), "{pass:?}");
+    assert_eq!(GIVE_UPS.released.load(Ordering::SeqCst), 1);
+    // The final error is stored: the caller gets it, nothing runs or undoes again.
+    assert!(matches!(
+        give_up("g-1".into()).await,
+        Err(AppError::Rejected)
+    ));
+    assert_eq!(w.run_once().await.unwrap().found, 0);
+    assert_eq!(GIVE_UPS.released.load(Ordering::SeqCst), 1);
+    assert_eq!(GIVE_UPS.reserved.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn failed_recoveries_back_off_then_park_and_an_operator_retries() {
+    let _serial = SERIAL.lock().await;
+    abandon_in_step_two(&FLAKY, flaky("f-1".into())).await;
+    FLAKY.flaky.store(true, Ordering::SeqCst);
+    let w = worker(Recovery::new().register(recoverable!(flaky)));
+    let key = Key::builder("recovery.flaky").part("f-1").finish();
+
+    let pass = w.run_once().await.unwrap();
+    assert_eq!(pass.failed, 1, "{pass:?}");
+    // The failed recovery kept its claim: the lease first, then the backoff.
+    CLOCK.advance(Duration::from_secs(2));
+    assert_eq!(w.run_once().await.unwrap().found, 0, "still in its backoff");
+    CLOCK.advance(Duration::from_secs(10));
+    assert_eq!(w.run_once().await.unwrap().failed, 1);
+    CLOCK.advance(Duration::from_secs(30));
+    let pass = w.run_once().await.unwrap();
+    assert_eq!(pass.parked, 1, "the third turn parks after two attempts: {pass:?}");
+    let info = STORE.recovery_info(&key).await.unwrap().unwrap();
+    assert_eq!(info.attempts, 2);
+    assert!(info.parked.unwrap().contains("gave up after 2"));
+    CLOCK.advance(Duration::from_secs(600));
+    assert_eq!(w.run_once().await.unwrap().found, 0, "parked: left alone");
+
+    // `idem recover`: the worker tries again, and this time it finishes.
+    FLAKY.flaky.store(false, Ordering::SeqCst);
+    assert!(STORE.retry_recovery(&key).await.unwrap());
+    assert_eq!(w.run_once().await.unwrap().recovered, 1);
+    assert_eq!(FLAKY.charged.load(Ordering::SeqCst), 1);
+    assert_eq!(flaky("f-1".into()).await.unwrap(), "charge-f-1");
+}
+
+#[tokio::test]
+async fn a_live_heartbeating_claim_is_never_touched() {
+    let _serial = SERIAL.lock().await;
+    static LIVE: LazyLock<MemoryStore> = LazyLock::new(MemoryStore::new);
+    static FX: LazyLock<Effects> = LazyLock::new(Effects::default);
+    #[idempotent(scope = "recovery.live", key = "order_no", lease = "300ms", store = &*LIVE, recover)]
+    async fn live(order_no: String) -> Result<String, AppError> {
+        reserve(&FX, 1).await?;
+        charge(&FX, &order_no).await
+    }
+    FX.hold.store(true, Ordering::SeqCst);
+    let running = tokio::spawn(live("l-1".into()));
+    let w = Worker::builder(&*LIVE, Recovery::new().register(recoverable!(live))).build();
+    // Several leases long: the owner heartbeats, so nothing is abandoned.
+    for _ in 0..12 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let pass = w.run_once().await.unwrap();
+        assert_eq!(pass.found, 0, "{pass:?}");
+    }
+    FX.hold.store(false, Ordering::SeqCst);
+    assert_eq!(running.await.unwrap().unwrap(), "charge-l-1");
+    assert_eq!(FX.charged.load(Ordering::SeqCst), 1);
+    assert_eq!(w.stats().recovered, 0);
+}
+
+#[tokio::test]
+async fn two_workers_at_once_recover_each_flow_once() {
+    let _serial = SERIAL.lock().await;
+    static TWO: LazyLock<Effects> = LazyLock::new(Effects::default);
+    #[idempotent(scope = "recovery.two", key = "order_no", lease = "1s", store = &*STORE, recover)]
+    async fn two(order_no: u32) -> Result<String, AppError> {
+        reserve(&TWO, 1).await?;
+        charge(&TWO, &order_no.to_string()).await
+    }
+    for n in 0..6 {
+        abandon_in_step_two(&TWO, two(n)).await;
+    }
+    let a = worker(Recovery::new().register(recoverable!(two)));
+    let b = worker(Recovery::new().register(recoverable!(two)));
+    let (pa, pb) = tokio::join!(a.run_once(), b.run_once());
+    let (pa, pb) = (pa.unwrap(), pb.unwrap());
+    assert_eq!(pa.recovered + pb.recovered, 6, "{pa:?} {pb:?}");
+    assert_eq!(TWO.reserved.load(Ordering::SeqCst), 6);
+    assert_eq!(TWO.charged.load(Ordering::SeqCst), 6);
+}
+
+#[tokio::test]
+async fn unusable_arguments_are_parked_and_unknown_scopes_reported() {
+    let _serial = SERIAL.lock().await;
+    static OWN: LazyLock<MemoryStore> =
+        LazyLock::new(|| MemoryStore::builder().clock(CLOCK.clone()).build());
+    let claim = |key: &Key| ClaimRequest {
+        key: Box::leak(Box::new(*key)),
+        token: Token::random(),
+        fingerprint: None,
+        lease: Duration::from_secs(1),
+        ttl: Duration::from_secs(3600),
+    };
+    // Bytes no caller of this deployment sealed, under a registered scope.
+    let forged = Key::builder("recovery.order").part("forged").finish();
+    let args = RecoveryArgs {
+        scope: "recovery.order",
+        args: br#"S0123456789012345678901234567890["forged",1,"x"]"#,
+    };
+    OWN.claim_recoverable(claim(&forged), args).await.unwrap();
+    // A scope this worker has no function for.
+    let foreign = Key::builder("billing.invoice").part(&7u64).finish();
+    let args = RecoveryArgs {
+        scope: "billing.invoice",
+        args: b"[7]",
+    };
+    OWN.claim_recoverable(claim(&foreign), args).await.unwrap();
+    CLOCK.advance(Duration::from_secs(2));
+
+    let w = Worker::builder(&*OWN, Recovery::new().register(recoverable!(order))).build();
+    let pass = w.run_once().await.unwrap();
+    assert_eq!(pass.parked, 1, "{pass:?}");
+    assert_eq!(pass.unregistered.get("billing.invoice"), Some(&1));
+    let parked = OWN.recovery_info(&forged).await.unwrap().unwrap();
+    assert!(parked.parked.unwrap().contains("seal"));
+    // The foreign claim is untouched: no attempt counted, nothing parked.
+    let foreign = OWN.recovery_info(&foreign).await.unwrap().unwrap();
+    assert_eq!((foreign.attempts, foreign.parked), (0, None));
+    assert_eq!(w.stats().unregistered.get("billing.invoice"), Some(&1));
+}
