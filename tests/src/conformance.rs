@@ -15,7 +15,8 @@ use std::time::Duration;
 use idem_runtime::protocol::{Kind, Spec, execute};
 use idem_runtime::store::StoreRef;
 use idem_runtime::store::{
-    Claim, ClaimRequest, Completion, RecordState, StoredOutcome, StoredResult, Token,
+    Claim, ClaimRequest, Completion, RecordState, RecoveryArgs, RecoveryTurn, StoredOutcome,
+    StoredResult, Token, Turn,
 };
 use idem_runtime::{Clock as _, Error, Fingerprint, Key, ManualClock};
 
@@ -666,6 +667,193 @@ pub async fn absurd_durations_are_clamped(s: Subject) {
     );
 }
 
+/// A scope no other case or run shares, for the recovery cases.
+fn fresh_scope(case: &str) -> String {
+    format!("idem-conformance.{case}.{}", rand_u64())
+}
+
+fn turn(fence: u64, s: &Subject, max_attempts: u32) -> RecoveryTurn<'static> {
+    RecoveryTurn {
+        fence,
+        retry_in: s.unit() * 5,
+        max_attempts,
+        note: "gave up",
+        park_now: false,
+    }
+}
+
+/// A recoverable claim stores its scope and arguments with the claim; it is
+/// abandoned only once its lease runs out (a live claim is never listed),
+/// and only while it is PROCESSING: completion forgets it.
+pub async fn recoverable_claim_is_abandoned_after_its_lease(s: Subject) {
+    let scope = fresh_scope("abandoned");
+    let key = fresh_key("abandoned");
+    let plain = fresh_key("abandoned-plain");
+    let token = Token::random();
+    let args = RecoveryArgs {
+        scope: &scope,
+        args: b"sealed\x00args",
+    };
+    let claim = s
+        .store
+        .claim_recoverable(s.request(&key, token, None), args)
+        .await
+        .unwrap();
+    let Claim::Acquired { fence, .. } = claim else {
+        panic!("expected to acquire, got {claim:?}");
+    };
+    acquire(&s, &plain, Token::random()).await;
+    assert!(s.store.recovery_scopes().await.unwrap().contains(&scope));
+    assert!(
+        s.store.abandoned(&scope, 10).await.unwrap().is_empty(),
+        "a live claim is not abandoned"
+    );
+    let info = s.store.recovery_info(&key).await.unwrap().expect("stored");
+    assert_eq!((info.scope.as_str(), info.attempts, info.parked), (scope.as_str(), 0, None));
+    assert_eq!(info.args_bytes, 11);
+    assert_eq!(s.store.recovery_info(&plain).await.unwrap(), None);
+
+    s.advance(4).await; // past the 3-unit lease
+    let found = s.store.abandoned(&scope, 10).await.unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!((found[0].key, found[0].fence), (key, fence));
+    assert_eq!(found[0].args, b"sealed\x00args");
+    assert_eq!(found[0].attempts, 0);
+    assert!(s.store.abandoned(&fresh_scope("other"), 10).await.unwrap().is_empty());
+
+    // The owner was only slow: it completes, and nothing is left to recover.
+    assert!(s.store.complete(&key, token, success(b"ok", s.ttl())).await.unwrap());
+    assert!(s.store.abandoned(&scope, 10).await.unwrap().is_empty());
+    assert_eq!(s.store.recovery_info(&key).await.unwrap(), None);
+    assert!(!s.store.recovery_scopes().await.unwrap().contains(&scope));
+}
+
+/// Turns at an abandoned claim: one at a time (a second at the same fence
+/// waits out the backoff), counted, parked past the limit or at once, and
+/// an operator's retry clears the count and the parking.
+pub async fn recovery_turns_are_counted_spaced_and_parked(s: Subject) {
+    let scope = fresh_scope("turns");
+    let key = fresh_key("turns");
+    let args = RecoveryArgs {
+        scope: &scope,
+        args: b"a",
+    };
+    let claim = s
+        .store
+        .claim_recoverable(s.request(&key, Token::random(), None), args)
+        .await
+        .unwrap();
+    let Claim::Acquired { fence, .. } = claim else {
+        panic!("expected to acquire, got {claim:?}");
+    };
+    assert_eq!(
+        s.store.take_recovery(&key, turn(fence, &s, 2)).await.unwrap(),
+        Turn::Gone,
+        "a live claim gives no turn"
+    );
+    s.advance(4).await;
+    assert_eq!(
+        s.store.take_recovery(&key, turn(fence + 1, &s, 2)).await.unwrap(),
+        Turn::Gone,
+        "another fence gives no turn"
+    );
+    assert_eq!(
+        s.store.take_recovery(&key, turn(fence, &s, 2)).await.unwrap(),
+        Turn::Run { attempt: 1 }
+    );
+    assert_eq!(
+        s.store.take_recovery(&key, turn(fence, &s, 2)).await.unwrap(),
+        Turn::Gone,
+        "a second turn waits out the backoff"
+    );
+    assert!(s.store.abandoned(&scope, 10).await.unwrap().is_empty());
+    s.advance(6).await;
+    assert_eq!(s.store.abandoned(&scope, 10).await.unwrap()[0].attempts, 1);
+    assert_eq!(
+        s.store.take_recovery(&key, turn(fence, &s, 2)).await.unwrap(),
+        Turn::Run { attempt: 2 }
+    );
+    s.advance(6).await;
+    assert_eq!(
+        s.store.take_recovery(&key, turn(fence, &s, 2)).await.unwrap(),
+        Turn::Parked { attempts: 2 }
+    );
+    let info = s.store.recovery_info(&key).await.unwrap().expect("stored");
+    assert_eq!(info.parked.as_deref(), Some("gave up"));
+    assert!(s.store.abandoned(&scope, 10).await.unwrap().is_empty(), "parked");
+    assert_eq!(
+        s.store.take_recovery(&key, turn(fence, &s, 9)).await.unwrap(),
+        Turn::Gone
+    );
+
+    assert!(s.store.retry_recovery(&key).await.unwrap());
+    let info = s.store.recovery_info(&key).await.unwrap().expect("stored");
+    assert_eq!((info.attempts, info.parked), (0, None));
+    assert_eq!(s.store.abandoned(&scope, 10).await.unwrap().len(), 1);
+    let now = RecoveryTurn {
+        park_now: true,
+        note: "arguments unusable",
+        ..turn(fence, &s, 9)
+    };
+    assert_eq!(
+        s.store.take_recovery(&key, now).await.unwrap(),
+        Turn::Parked { attempts: 0 }
+    );
+    assert!(!s.store.retry_recovery(&fresh_key("turns-absent")).await.unwrap());
+}
+
+/// A takeover continues the abandoned call: its count stays, and turns at
+/// the old fence are refused. A release forgets the arguments.
+pub async fn takeover_keeps_the_recovery_count_and_release_forgets(s: Subject) {
+    let scope = fresh_scope("takeover");
+    let key = fresh_key("recovery-takeover");
+    let args = RecoveryArgs {
+        scope: &scope,
+        args: b"a",
+    };
+    let Claim::Acquired { fence, .. } = s
+        .store
+        .claim_recoverable(s.request(&key, Token::random(), None), args)
+        .await
+        .unwrap()
+    else {
+        panic!("expected to acquire");
+    };
+    s.advance(4).await;
+    assert_eq!(
+        s.store.take_recovery(&key, turn(fence, &s, 5)).await.unwrap(),
+        Turn::Run { attempt: 1 }
+    );
+    let worker = Token::random();
+    let claim = s
+        .store
+        .claim_recoverable(s.request(&key, worker, None), args)
+        .await
+        .unwrap();
+    assert!(
+        matches!(claim, Claim::Acquired { takeover: true, fence: f } if f > fence),
+        "{claim:?}"
+    );
+    assert_eq!(s.store.recovery_info(&key).await.unwrap().unwrap().attempts, 1);
+    s.advance(10).await;
+    assert_eq!(
+        s.store.take_recovery(&key, turn(fence, &s, 5)).await.unwrap(),
+        Turn::Gone,
+        "the old fence is gone"
+    );
+    assert_eq!(s.store.abandoned(&scope, 10).await.unwrap()[0].attempts, 1);
+    // Taken over again, then released (a caller's retryable error): forgotten.
+    let fresh = Token::random();
+    let _ = s
+        .store
+        .claim_recoverable(s.request(&key, fresh, None), args)
+        .await
+        .unwrap();
+    assert!(s.store.release(&key, fresh).await.unwrap());
+    assert_eq!(s.store.recovery_info(&key).await.unwrap(), None);
+    assert!(s.store.abandoned(&scope, 10).await.unwrap().is_empty());
+}
+
 static TABLE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 /// Holds the store's shared table for one case. Cases on a server share one
@@ -749,6 +937,9 @@ macro_rules! conformance_suite {
                 storm_runs_the_body_once,
                 storm_with_wait_replays_to_all,
                 absurd_durations_are_clamped,
+                recoverable_claim_is_abandoned_after_its_lease,
+                recovery_turns_are_counted_spaced_and_parked,
+                takeover_keeps_the_recovery_count_and_release_forgets,
             );
         }
     };
