@@ -9,7 +9,10 @@ use sqlx::pool::PoolConnection;
 
 use crate::clock::Clock;
 use crate::key::Key;
-use crate::store::{ClaimRequest, Completion, RecordStats, Token};
+use crate::store::{
+    Abandoned, ClaimRequest, Completion, RecordStats, RecoveryArgs, RecoveryInfo, RecoveryTurn,
+    Token, Turn,
+};
 
 use super::record::{Record, Upserted};
 
@@ -105,6 +108,65 @@ pub(crate) trait Dialect: sqlx::Database {
         conn: &mut Self::Connection,
         clock: &dyn Clock,
     ) -> impl Future<Output = Result<RecordStats, sqlx::Error>> + Send;
+
+    // Recovery: the rows of `idem_recovery` (see `recovery.rs`), each read
+    // or written joined to its record on key and token.
+
+    /// Stores a recoverable claim's scope and arguments under the token that
+    /// just acquired the record; `takeover` keeps the row's count, backoff
+    /// and parking, anything else starts them afresh. On the claim's own
+    /// transaction.
+    fn keep_args(
+        conn: &mut Self::Connection,
+        key: &Key,
+        token: Token,
+        recovery: RecoveryArgs<'_>,
+        takeover: bool,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// The scopes of live PROCESSING records with arguments.
+    fn recovery_scopes(
+        conn: &mut Self::Connection,
+        clock: &dyn Clock,
+    ) -> impl Future<Output = Result<Vec<Vec<u8>>, sqlx::Error>> + Send;
+
+    /// `Store::abandoned`.
+    fn abandoned(
+        conn: &mut Self::Connection,
+        clock: &dyn Clock,
+        scope: &str,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<Abandoned>, sqlx::Error>> + Send;
+
+    /// `Store::take_recovery`, on a transaction of its own.
+    fn take_recovery(
+        conn: &mut Self::Connection,
+        clock: &dyn Clock,
+        key: &Key,
+        turn: RecoveryTurn<'_>,
+    ) -> impl Future<Output = Result<Turn, sqlx::Error>> + Send;
+
+    /// `Store::recovery_info`.
+    fn recovery_info(
+        conn: &mut Self::Connection,
+        clock: &dyn Clock,
+        key: &Key,
+    ) -> impl Future<Output = Result<Option<RecoveryInfo>, sqlx::Error>> + Send;
+
+    /// `Store::retry_recovery`.
+    fn retry_recovery(
+        conn: &mut Self::Connection,
+        clock: &dyn Clock,
+        key: &Key,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// Deletes up to `limit` rows of `idem_recovery` that no longer count
+    /// (their record is gone, finished, released or someone else's),
+    /// skipping rows a claim holds where the database can.
+    fn purge_recovery(
+        conn: &mut Self::Connection,
+        limit: i64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 
     /// Applies the embedded migrations not yet recorded, under the dialect's
     /// lock against concurrent processes.

@@ -17,6 +17,7 @@ mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod record;
+mod recovery;
 mod schema_migrations;
 #[cfg(feature = "sqlite")]
 mod sqlite;

@@ -25,12 +25,15 @@ use sqlx::{Connection as _, Executor as _, MySql, Row as _};
 
 use super::dialect::Dialect;
 use super::record::{Record, Upserted, Won, millis};
+use super::recovery;
 use super::schema_migrations;
 use super::store::{Core, Settings, connect_pool, server_location, sql_store, tx_connection};
 use crate::clock::{Clock, SystemClock};
 use crate::error::StoreError;
 use crate::key::Key;
-use crate::store::{ClaimRequest, Completion, Token};
+use crate::store::{
+    Abandoned, ClaimRequest, Completion, RecoveryArgs, RecoveryInfo, RecoveryTurn, Token, Turn,
+};
 
 /// `ER_LOCK_DEADLOCK`: InnoDB chose this statement's transaction as a deadlock
 /// victim and rolled it back.
@@ -181,6 +184,99 @@ ON DUPLICATE KEY UPDATE
     waited_ms!(),
     ", expires_at)"
 );
+
+// Recovery (`recovery.rs`): the arguments of a recoverable claim, under the
+// token that just acquired its record, on the claim's transaction. A
+// takeover keeps the count, backoff and parking of the call it continues
+// (each of the three reads only its own old value, so the order is free).
+const KEEP_ARGS: &str = "
+INSERT INTO idem_recovery (`key`, token, scope, args, attempts, next_at, parked)
+VALUES (?, ?, ?, ?, 0, 0, NULL)
+ON DUPLICATE KEY UPDATE
+    attempts = IF(?, attempts, 0),
+    next_at  = IF(?, next_at, 0),
+    parked   = IF(?, parked, NULL),
+    token    = VALUES(token),
+    scope    = VALUES(scope),
+    args     = VALUES(args)";
+
+const RECOVERY_SCOPES: &str = concat!(
+    "SELECT DISTINCT a.scope FROM idem_recovery AS a
+JOIN idem_records AS r ON r.`key` = a.`key` AND r.token = a.token
+WHERE r.state = 1 AND r.expires_at > ",
+    now_ms!()
+);
+
+const ABANDONED: &str = concat!(
+    "SELECT a.`key` AS `key`, r.fence AS fence, a.args AS args,
+       CAST(a.attempts AS SIGNED) AS attempts, r.lease_until AS lease_until
+FROM idem_recovery AS a
+JOIN idem_records AS r ON r.`key` = a.`key` AND r.token = a.token
+WHERE a.scope = ? AND a.parked IS NULL AND a.next_at <= ",
+    now_ms!(),
+    "
+  AND r.state = 1 AND r.lease_until <= ",
+    now_ms!(),
+    " AND r.expires_at > ",
+    now_ms!(),
+    "
+ORDER BY r.lease_until
+LIMIT ?"
+);
+
+// One turn (see sqlite.rs): `parked` and `next_at` are assigned before
+// `attempts`, so both read its old value. The limit is bound three times,
+// then once more in the WHERE.
+const TAKE_TURN: &str = concat!(
+    "UPDATE idem_recovery AS a SET
+    a.parked   = IF(a.attempts >= ?, ?, NULL),
+    a.next_at  = IF(a.attempts >= ?, a.next_at, ",
+    now_ms!(),
+    " + ?),
+    a.attempts = IF(a.attempts >= ?, a.attempts, a.attempts + 1)
+WHERE a.`key` = ? AND a.parked IS NULL AND (a.next_at <= ",
+    now_ms!(),
+    " OR ? = 0)
+  AND EXISTS (SELECT 1 FROM idem_records AS r
+              WHERE r.`key` = a.`key` AND r.token = a.token AND r.state = 1 AND r.fence = ?
+                AND r.lease_until <= ",
+    now_ms!(),
+    " AND r.expires_at > ",
+    now_ms!(),
+    ")"
+);
+
+const TAKEN: &str = "SELECT CAST(attempts AS SIGNED), CAST(parked IS NOT NULL AS SIGNED)
+FROM idem_recovery WHERE `key` = ?";
+
+const RECOVERY_INFO: &str = concat!(
+    "SELECT a.scope AS scope, CAST(a.attempts AS SIGNED) AS attempts, a.next_at AS next_at,
+       a.parked AS parked, CAST(LENGTH(a.args) AS SIGNED) AS args_bytes
+FROM idem_recovery AS a
+JOIN idem_records AS r ON r.`key` = a.`key` AND r.token = a.token
+WHERE a.`key` = ? AND r.state = 1 AND r.expires_at > ",
+    now_ms!()
+);
+
+const RETRY_RECOVERY: &str = concat!(
+    "UPDATE idem_recovery AS a SET a.attempts = 0, a.next_at = 0, a.parked = NULL
+WHERE a.`key` = ?
+  AND EXISTS (SELECT 1 FROM idem_records AS r
+              WHERE r.`key` = a.`key` AND r.token = a.token AND r.state = 1
+                AND r.expires_at > ",
+    now_ms!(),
+    ")"
+);
+
+// The derived table is materialised first (MySQL allows no LIMIT in an IN
+// subquery, nor a subquery on the table being deleted from).
+const PURGE_RECOVERY: &str = "
+DELETE FROM idem_recovery WHERE `key` IN (
+    SELECT `key` FROM (
+        SELECT a.`key` FROM idem_recovery AS a
+        WHERE NOT EXISTS (SELECT 1 FROM idem_records AS r
+                          WHERE r.`key` = a.`key` AND r.token = a.token AND r.state = 1)
+        LIMIT ?) AS stale)";
 
 /// The claim's insert id when it inserted the row: its update branch, which
 /// alone calls `LAST_INSERT_ID`, never ran.
@@ -784,6 +880,107 @@ impl Dialect for MySql {
         applied?;
         unlocked?;
         Ok(())
+    }
+
+    async fn keep_args(
+        conn: &mut MySqlConnection,
+        k: &Key,
+        token: Token,
+        args: RecoveryArgs<'_>,
+        takeover: bool,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(KEEP_ARGS)
+            .bind(key(k))
+            .bind(&token.as_bytes()[..])
+            .bind(args.scope.as_bytes())
+            .bind(args.args)
+            .bind(takeover)
+            .bind(takeover)
+            .bind(takeover)
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+
+    async fn recovery_scopes(
+        conn: &mut MySqlConnection,
+        _: &dyn Clock,
+    ) -> Result<Vec<Vec<u8>>, sqlx::Error> {
+        sqlx::query_scalar(RECOVERY_SCOPES).fetch_all(conn).await
+    }
+
+    async fn abandoned(
+        conn: &mut MySqlConnection,
+        _: &dyn Clock,
+        scope: &str,
+        limit: i64,
+    ) -> Result<Vec<Abandoned>, sqlx::Error> {
+        let rows = sqlx::query(ABANDONED)
+            .bind(scope.as_bytes())
+            .bind(limit)
+            .fetch_all(conn)
+            .await?;
+        rows.iter().map(recovery::abandoned).collect()
+    }
+
+    async fn take_recovery(
+        conn: &mut MySqlConnection,
+        _: &dyn Clock,
+        k: &Key,
+        turn: RecoveryTurn<'_>,
+    ) -> Result<Turn, sqlx::Error> {
+        let limit = recovery::limit(&turn);
+        let taken = sqlx::query(TAKE_TURN)
+            .bind(limit)
+            .bind(turn.note.as_bytes())
+            .bind(limit)
+            .bind(millis(turn.retry_in))
+            .bind(limit)
+            .bind(key(k))
+            .bind(limit)
+            .bind(i64::try_from(turn.fence).unwrap_or(i64::MAX))
+            .execute(&mut *conn)
+            .await?;
+        // CLIENT_FOUND_ROWS: a matched row counts even if nothing changed,
+        // and every match changes `attempts`, `next_at` or `parked`.
+        if taken.rows_affected() == 0 {
+            return Ok(Turn::Gone);
+        }
+        let (attempts, parked): (i64, i64) =
+            sqlx::query_as(TAKEN).bind(key(k)).fetch_one(conn).await?;
+        Ok(recovery::turn(Some((attempts, parked != 0))))
+    }
+
+    async fn recovery_info(
+        conn: &mut MySqlConnection,
+        _: &dyn Clock,
+        k: &Key,
+    ) -> Result<Option<RecoveryInfo>, sqlx::Error> {
+        let row = sqlx::query(RECOVERY_INFO)
+            .bind(key(k))
+            .fetch_optional(conn)
+            .await?;
+        row.as_ref().map(recovery::info).transpose()
+    }
+
+    async fn retry_recovery(
+        conn: &mut MySqlConnection,
+        _: &dyn Clock,
+        k: &Key,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(RETRY_RECOVERY)
+            .bind(key(k))
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn purge_recovery(conn: &mut MySqlConnection, limit: i64) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(PURGE_RECOVERY)
+            .bind(limit)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
     }
 
     fn is_retryable(error: &sqlx::Error) -> bool {

@@ -16,12 +16,15 @@ use sqlx::{Connection as _, Executor as _, Row as _};
 
 use super::dialect::Dialect;
 use super::record::{Record, Upserted, Won, millis};
+use super::recovery;
 use super::schema_migrations;
 use super::store::{Core, Settings, connect_pool, server_location, sql_store, tx_connection};
 use crate::clock::{Clock, SystemClock};
 use crate::error::StoreError;
 use crate::key::Key;
-use crate::store::{ClaimRequest, Completion, Token};
+use crate::store::{
+    Abandoned, ClaimRequest, Completion, RecoveryArgs, RecoveryInfo, RecoveryTurn, Token, Turn,
+};
 
 // The server's wall clock, in milliseconds. `clock_timestamp()` rather than
 // `now()`: inside a caller's transaction `now()` stays frozen at BEGIN, and a
@@ -224,6 +227,87 @@ const PURGE: &str = concat!(
     LIMIT $1
     FOR UPDATE SKIP LOCKED)"
 );
+
+// Recovery (`recovery.rs`): the arguments of a recoverable claim, under the
+// token that just acquired its record, on the claim's transaction. A
+// takeover keeps the count, backoff and parking of the call it continues.
+const KEEP_ARGS: &str = "
+INSERT INTO idem_recovery AS a (key, token, scope, args, attempts, next_at, parked)
+VALUES ($1, $2, $3, $4, 0, 0, NULL)
+ON CONFLICT (key) DO UPDATE SET
+    token    = excluded.token,
+    scope    = excluded.scope,
+    args     = excluded.args,
+    attempts = CASE WHEN $5 THEN a.attempts ELSE 0 END,
+    next_at  = CASE WHEN $5 THEN a.next_at ELSE 0 END,
+    parked   = CASE WHEN $5 THEN a.parked ELSE NULL END";
+
+const RECOVERY_SCOPES: &str = concat!(
+    with_clock!(),
+    "SELECT DISTINCT a.scope FROM idem_recovery AS a
+JOIN idem_records AS r ON r.key = a.key AND r.token = a.token
+CROSS JOIN clock
+WHERE r.state = 1 AND r.expires_at > clock.now"
+);
+
+const ABANDONED: &str = concat!(
+    with_clock!(),
+    "SELECT a.key AS key, r.fence AS fence, a.args AS args, a.attempts::int8 AS attempts,
+       r.lease_until AS lease_until
+FROM idem_recovery AS a
+JOIN idem_records AS r ON r.key = a.key AND r.token = a.token
+CROSS JOIN clock
+WHERE a.scope = $1 AND a.parked IS NULL AND a.next_at <= clock.now
+  AND r.state = 1 AND r.lease_until <= clock.now AND r.expires_at > clock.now
+ORDER BY r.lease_until
+LIMIT $2"
+);
+
+// One turn (see sqlite.rs). Two workers at once: the second waits on the
+// row, then finds its backoff moved (the WHERE is evaluated again on the row
+// the first wrote) and takes nothing.
+const TAKE_TURN: &str = concat!(
+    with_clock!(),
+    "UPDATE idem_recovery AS a SET
+    parked   = CASE WHEN a.attempts >= $3 THEN $4 ELSE NULL END,
+    next_at  = CASE WHEN a.attempts >= $3 THEN a.next_at ELSE clock.now + $5 END,
+    attempts = CASE WHEN a.attempts >= $3 THEN a.attempts ELSE a.attempts + 1 END
+FROM clock
+WHERE a.key = $1 AND a.parked IS NULL AND (a.next_at <= clock.now OR $3 = 0)
+  AND EXISTS (SELECT 1 FROM idem_records AS r
+              WHERE r.key = a.key AND r.token = a.token AND r.state = 1 AND r.fence = $2
+                AND r.lease_until <= clock.now AND r.expires_at > clock.now)
+RETURNING a.attempts::int8, a.parked IS NOT NULL"
+);
+
+const RECOVERY_INFO: &str = concat!(
+    with_clock!(),
+    "SELECT a.scope AS scope, a.attempts::int8 AS attempts, a.next_at AS next_at,
+       a.parked AS parked, length(a.args)::int8 AS args_bytes
+FROM idem_recovery AS a
+JOIN idem_records AS r ON r.key = a.key AND r.token = a.token
+CROSS JOIN clock
+WHERE a.key = $1 AND r.state = 1 AND r.expires_at > clock.now"
+);
+
+const RETRY_RECOVERY: &str = concat!(
+    with_clock!(),
+    "UPDATE idem_recovery AS a SET attempts = 0, next_at = 0, parked = NULL
+FROM clock
+WHERE a.key = $1
+  AND EXISTS (SELECT 1 FROM idem_records AS r
+              WHERE r.key = a.key AND r.token = a.token AND r.state = 1
+                AND r.expires_at > clock.now)"
+);
+
+// SKIP LOCKED: a row a recoverable claim is writing right now is left to it.
+const PURGE_RECOVERY: &str = "
+DELETE FROM idem_recovery WHERE key IN (
+    SELECT a.key FROM idem_recovery AS a
+    WHERE NOT EXISTS (SELECT 1 FROM idem_records AS r
+                      WHERE r.key = a.key AND r.token = a.token AND r.state = 1)
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED)";
 
 /// Records in PostgreSQL: exact across every process and machine that uses
 /// the database, durable, and on one clock (the server's) however many
@@ -663,6 +747,94 @@ impl Dialect for Postgres {
         );
         let row = sqlx::query_as(&sql).fetch_one(conn).await?;
         Ok(super::store::stats_of(row))
+    }
+
+    async fn keep_args(
+        conn: &mut PgConnection,
+        k: &Key,
+        token: Token,
+        args: RecoveryArgs<'_>,
+        takeover: bool,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(KEEP_ARGS)
+            .bind(key(k))
+            .bind(&token.as_bytes()[..])
+            .bind(args.scope.as_bytes())
+            .bind(args.args)
+            .bind(takeover)
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+
+    async fn recovery_scopes(
+        conn: &mut PgConnection,
+        _: &dyn Clock,
+    ) -> Result<Vec<Vec<u8>>, sqlx::Error> {
+        sqlx::query_scalar(RECOVERY_SCOPES).fetch_all(conn).await
+    }
+
+    async fn abandoned(
+        conn: &mut PgConnection,
+        _: &dyn Clock,
+        scope: &str,
+        limit: i64,
+    ) -> Result<Vec<Abandoned>, sqlx::Error> {
+        let rows = sqlx::query(ABANDONED)
+            .bind(scope.as_bytes())
+            .bind(limit)
+            .fetch_all(conn)
+            .await?;
+        rows.iter().map(recovery::abandoned).collect()
+    }
+
+    async fn take_recovery(
+        conn: &mut PgConnection,
+        _: &dyn Clock,
+        k: &Key,
+        turn: RecoveryTurn<'_>,
+    ) -> Result<Turn, sqlx::Error> {
+        let after: Option<(i64, bool)> = sqlx::query_as(TAKE_TURN)
+            .bind(key(k))
+            .bind(i64::try_from(turn.fence).unwrap_or(i64::MAX))
+            .bind(recovery::limit(&turn))
+            .bind(turn.note.as_bytes())
+            .bind(millis(turn.retry_in))
+            .fetch_optional(conn)
+            .await?;
+        Ok(recovery::turn(after))
+    }
+
+    async fn recovery_info(
+        conn: &mut PgConnection,
+        _: &dyn Clock,
+        k: &Key,
+    ) -> Result<Option<RecoveryInfo>, sqlx::Error> {
+        let row = sqlx::query(RECOVERY_INFO)
+            .bind(key(k))
+            .fetch_optional(conn)
+            .await?;
+        row.as_ref().map(recovery::info).transpose()
+    }
+
+    async fn retry_recovery(
+        conn: &mut PgConnection,
+        _: &dyn Clock,
+        k: &Key,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(RETRY_RECOVERY)
+            .bind(key(k))
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn purge_recovery(conn: &mut PgConnection, limit: i64) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(PURGE_RECOVERY)
+            .bind(limit)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
     }
 
     /// One transaction under `pg_advisory_xact_lock` does it all: DDL is

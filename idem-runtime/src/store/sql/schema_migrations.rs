@@ -22,6 +22,11 @@ pub(crate) const SQLITE: &[Migration] = &[
         description: "create idem_outbox",
         sql: include_str!("../../../migrations/sqlite/0002_create_outbox.sql"),
     },
+    Migration {
+        version: 3,
+        description: "create idem_recovery",
+        sql: include_str!("../../../migrations/sqlite/0003_recovery.sql"),
+    },
 ];
 
 #[cfg(feature = "sqlite")]
@@ -42,6 +47,11 @@ pub(crate) const POSTGRES: &[Migration] = &[
         version: 2,
         description: "create idem_outbox",
         sql: include_str!("../../../migrations/postgres/0002_create_outbox.sql"),
+    },
+    Migration {
+        version: 3,
+        description: "create idem_recovery",
+        sql: include_str!("../../../migrations/postgres/0003_recovery.sql"),
     },
 ];
 
@@ -71,6 +81,11 @@ pub(crate) const MYSQL: &[Migration] = &[
         description: "create idem_outbox",
         sql: include_str!("../../../migrations/mysql/0002_create_outbox.sql"),
     },
+    Migration {
+        version: 3,
+        description: "create idem_recovery",
+        sql: include_str!("../../../migrations/mysql/0003_recovery.sql"),
+    },
 ];
 
 #[cfg(feature = "mysql")]
@@ -95,7 +110,7 @@ fn script(
     let mut out = format!(
         "-- idem schema for {backend}: apply once with a user that may run DDL, then open the\n\
          -- stores with .skip_migrations() under the service account (it needs SELECT, INSERT,\n\
-         -- UPDATE and DELETE on idem_records and idem_outbox).\n\n{};\n",
+         -- UPDATE and DELETE on idem_records, idem_outbox and idem_recovery).\n\n{};\n",
         ledger.replacen(
             "CREATE TABLE idem_schema_migrations",
             "CREATE TABLE IF NOT EXISTS idem_schema_migrations",

@@ -15,12 +15,15 @@ use sqlx::{Connection as _, Executor as _, Row as _, Sqlite, SqliteConnection};
 
 use super::dialect::Dialect;
 use super::record::{Record, Upserted, Won, millis};
+use super::recovery;
 use super::schema_migrations;
 use super::store::{Core, Settings, sql_store, tx_connection};
 use crate::clock::{Clock, SystemClock};
 use crate::error::StoreError;
 use crate::key::Key;
-use crate::store::{ClaimRequest, Completion, Token};
+use crate::store::{
+    Abandoned, ClaimRequest, Completion, RecoveryArgs, RecoveryInfo, RecoveryTurn, Token, Turn,
+};
 
 // The row may be taken when it is expired, released, or PROCESSING past its
 // lease; a claim retried under the same token gets its own row back. SQLite
@@ -90,6 +93,73 @@ WHERE key = ?1 AND state <> 0 AND expires_at > ?3";
 const PURGE: &str = "
 DELETE FROM idem_records WHERE key IN (
     SELECT key FROM idem_records WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2)";
+
+// Recovery (`recovery.rs`): the arguments of a recoverable claim, under the
+// token that just acquired its record, on the claim's transaction. A
+// takeover keeps the count, backoff and parking of the call it continues.
+const KEEP_ARGS: &str = "
+INSERT INTO idem_recovery (key, token, scope, args, attempts, next_at, parked)
+VALUES (?1, ?2, ?3, ?4, 0, 0, NULL)
+ON CONFLICT (key) DO UPDATE SET
+    token    = excluded.token,
+    scope    = excluded.scope,
+    args     = excluded.args,
+    attempts = CASE WHEN ?5 THEN idem_recovery.attempts ELSE 0 END,
+    next_at  = CASE WHEN ?5 THEN idem_recovery.next_at ELSE 0 END,
+    parked   = CASE WHEN ?5 THEN idem_recovery.parked ELSE NULL END";
+
+const RECOVERY_SCOPES: &str = "
+SELECT DISTINCT a.scope FROM idem_recovery AS a
+JOIN idem_records AS r ON r.key = a.key AND r.token = a.token
+WHERE r.state = 1 AND r.expires_at > ?1";
+
+const ABANDONED: &str = "
+SELECT a.key AS key, r.fence AS fence, a.args AS args, a.attempts AS attempts,
+       r.lease_until AS lease_until
+FROM idem_recovery AS a
+JOIN idem_records AS r ON r.key = a.key AND r.token = a.token
+WHERE a.scope = ?1 AND a.parked IS NULL AND a.next_at <= ?2
+  AND r.state = 1 AND r.lease_until <= ?2 AND r.expires_at > ?2
+ORDER BY r.lease_until
+LIMIT ?3";
+
+// One turn: the record must still be PROCESSING under the token that stored
+// the arguments, at the fence the worker saw, its lease run out. `?3` is the
+// attempt limit (0 parks at once, whatever the backoff). `parked` and
+// `next_at` are set before `attempts` and read only its old value, which
+// holds on every dialect (MySQL assigns left to right).
+const TAKE_TURN: &str = "
+UPDATE idem_recovery SET
+    parked   = CASE WHEN attempts >= ?3 THEN ?4 ELSE NULL END,
+    next_at  = CASE WHEN attempts >= ?3 THEN next_at ELSE ?5 + ?6 END,
+    attempts = CASE WHEN attempts >= ?3 THEN attempts ELSE attempts + 1 END
+WHERE key = ?1 AND parked IS NULL AND (next_at <= ?5 OR ?3 = 0)
+  AND EXISTS (SELECT 1 FROM idem_records AS r
+              WHERE r.key = idem_recovery.key AND r.token = idem_recovery.token
+                AND r.state = 1 AND r.fence = ?2 AND r.lease_until <= ?5 AND r.expires_at > ?5)";
+
+const TAKEN: &str = "SELECT attempts, parked IS NOT NULL FROM idem_recovery WHERE key = ?1";
+
+const RECOVERY_INFO: &str = "
+SELECT a.scope AS scope, a.attempts AS attempts, a.next_at AS next_at, a.parked AS parked,
+       length(a.args) AS args_bytes
+FROM idem_recovery AS a
+JOIN idem_records AS r ON r.key = a.key AND r.token = a.token
+WHERE a.key = ?1 AND r.state = 1 AND r.expires_at > ?2";
+
+const RETRY_RECOVERY: &str = "
+UPDATE idem_recovery SET attempts = 0, next_at = 0, parked = NULL
+WHERE key = ?1
+  AND EXISTS (SELECT 1 FROM idem_records AS r
+              WHERE r.key = idem_recovery.key AND r.token = idem_recovery.token
+                AND r.state = 1 AND r.expires_at > ?2)";
+
+const PURGE_RECOVERY: &str = "
+DELETE FROM idem_recovery WHERE key IN (
+    SELECT a.key FROM idem_recovery AS a
+    WHERE NOT EXISTS (SELECT 1 FROM idem_records AS r
+                      WHERE r.key = a.key AND r.token = a.token AND r.state = 1)
+    LIMIT ?1)";
 
 /// Records in SQLite: durable on one machine, exact across the processes that
 /// share the file. The default embedded store.
@@ -452,6 +522,105 @@ impl Dialect for Sqlite {
             .fetch_one(conn)
             .await?;
         Ok(super::store::stats_of(row))
+    }
+
+    async fn keep_args(
+        conn: &mut SqliteConnection,
+        k: &Key,
+        token: Token,
+        args: RecoveryArgs<'_>,
+        takeover: bool,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(KEEP_ARGS)
+            .bind(key(k))
+            .bind(&token.as_bytes()[..])
+            .bind(args.scope.as_bytes())
+            .bind(args.args)
+            .bind(takeover)
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+
+    async fn recovery_scopes(
+        conn: &mut SqliteConnection,
+        clock: &dyn Clock,
+    ) -> Result<Vec<Vec<u8>>, sqlx::Error> {
+        sqlx::query_scalar(RECOVERY_SCOPES)
+            .bind(clock.now_millis())
+            .fetch_all(conn)
+            .await
+    }
+
+    async fn abandoned(
+        conn: &mut SqliteConnection,
+        clock: &dyn Clock,
+        scope: &str,
+        limit: i64,
+    ) -> Result<Vec<Abandoned>, sqlx::Error> {
+        let rows = sqlx::query(ABANDONED)
+            .bind(scope.as_bytes())
+            .bind(clock.now_millis())
+            .bind(limit)
+            .fetch_all(conn)
+            .await?;
+        rows.iter().map(recovery::abandoned).collect()
+    }
+
+    async fn take_recovery(
+        conn: &mut SqliteConnection,
+        clock: &dyn Clock,
+        k: &Key,
+        turn: RecoveryTurn<'_>,
+    ) -> Result<Turn, sqlx::Error> {
+        let taken = sqlx::query(TAKE_TURN)
+            .bind(key(k))
+            .bind(i64::try_from(turn.fence).unwrap_or(i64::MAX))
+            .bind(recovery::limit(&turn))
+            .bind(turn.note.as_bytes())
+            .bind(clock.now_millis())
+            .bind(millis(turn.retry_in))
+            .execute(&mut *conn)
+            .await?;
+        if taken.rows_affected() == 0 {
+            return Ok(Turn::Gone);
+        }
+        let after: (i64, bool) = sqlx::query_as(TAKEN).bind(key(k)).fetch_one(conn).await?;
+        Ok(recovery::turn(Some(after)))
+    }
+
+    async fn recovery_info(
+        conn: &mut SqliteConnection,
+        clock: &dyn Clock,
+        k: &Key,
+    ) -> Result<Option<RecoveryInfo>, sqlx::Error> {
+        let row = sqlx::query(RECOVERY_INFO)
+            .bind(key(k))
+            .bind(clock.now_millis())
+            .fetch_optional(conn)
+            .await?;
+        row.as_ref().map(recovery::info).transpose()
+    }
+
+    async fn retry_recovery(
+        conn: &mut SqliteConnection,
+        clock: &dyn Clock,
+        k: &Key,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(RETRY_RECOVERY)
+            .bind(key(k))
+            .bind(clock.now_millis())
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn purge_recovery(conn: &mut SqliteConnection, limit: i64) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(PURGE_RECOVERY)
+            .bind(limit)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
     }
 
     /// Each migration in its own write transaction: SQLite serialises them,

@@ -14,7 +14,10 @@ use super::record::Upserted;
 use crate::clock::Clock;
 use crate::error::StoreError;
 use crate::key::Key;
-use crate::store::{Claim, ClaimRequest, Completion, RecordInfo, Token};
+use crate::store::{
+    Abandoned, Claim, ClaimRequest, Completion, RecordInfo, RecoveryArgs, RecoveryInfo,
+    RecoveryTurn, Token, Turn,
+};
 
 /// How many read-upsert rounds a claim makes before giving up on a record
 /// that keeps changing under it.
@@ -264,11 +267,80 @@ impl<D: Dialect> Core<D> {
 
     /// Not retried: purges skip locked rows where the database can, and a
     /// purge that still fails is the sweeper's to run again next round, not
-    /// something to hold a connection for now.
+    /// something to hold a connection for now. The rows of `idem_recovery`
+    /// that no longer count go in the same round, and are not in the count.
     pub(crate) async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let purge = async { D::purge(&mut *self.conn().await?, &*self.clock, limit).await };
+        let purge = async {
+            let mut conn = self.conn().await?;
+            let purged = D::purge(&mut conn, &*self.clock, limit).await?;
+            D::purge_recovery(&mut conn, limit).await?;
+            Ok(purged)
+        };
         purge.await.map_err(|e| self.err(e))
+    }
+
+    /// The claim and the arguments in one transaction: both are there, or
+    /// neither.
+    pub(crate) async fn claim_recoverable(
+        &self,
+        req: ClaimRequest<'_>,
+        recovery: RecoveryArgs<'_>,
+    ) -> Result<Claim, StoreError> {
+        self.retrying(|| async move {
+            let mut tx = self.pool.begin().await?;
+            let claim = claim_on::<D>(&mut tx, &*self.clock, req).await?;
+            if let Claim::Acquired { takeover, .. } = claim {
+                D::keep_args(&mut tx, req.key, req.token, recovery, takeover).await?;
+            }
+            tx.commit().await?;
+            Ok(claim)
+        })
+        .await
+    }
+
+    /// Plain reads: nothing to retry.
+    pub(crate) async fn recovery_scopes(&self) -> Result<Vec<String>, StoreError> {
+        let read = async { D::recovery_scopes(&mut *self.conn().await?, &*self.clock).await };
+        let scopes = read.await.map_err(|e| self.err(e))?;
+        Ok(scopes.into_iter().map(super::recovery::text).collect())
+    }
+
+    pub(crate) async fn abandoned(
+        &self,
+        scope: &str,
+        limit: usize,
+    ) -> Result<Vec<Abandoned>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let read =
+            async { D::abandoned(&mut *self.conn().await?, &*self.clock, scope, limit).await };
+        read.await.map_err(|e| self.err(e))
+    }
+
+    pub(crate) async fn take_recovery(
+        &self,
+        key: &Key,
+        turn: RecoveryTurn<'_>,
+    ) -> Result<Turn, StoreError> {
+        self.retrying(|| async move {
+            let mut tx = self.pool.begin().await?;
+            let taken = D::take_recovery(&mut tx, &*self.clock, key, turn).await?;
+            tx.commit().await?;
+            Ok(taken)
+        })
+        .await
+    }
+
+    pub(crate) async fn recovery_info(&self, key: &Key) -> Result<Option<RecoveryInfo>, StoreError> {
+        let read = async { D::recovery_info(&mut *self.conn().await?, &*self.clock, key).await };
+        read.await.map_err(|e| self.err(e))
+    }
+
+    pub(crate) async fn retry_recovery(&self, key: &Key) -> Result<bool, StoreError> {
+        self.retrying(|| async move {
+            D::retry_recovery(&mut *self.conn().await?, &*self.clock, key).await
+        })
+        .await
     }
 }
 
@@ -458,6 +530,45 @@ macro_rules! sql_store {
 
             async fn stats(&self) -> Result<$crate::store::RecordStats, $crate::StoreError> {
                 self.core.stats().await
+            }
+
+            async fn claim_recoverable(
+                &self,
+                req: $crate::store::ClaimRequest<'_>,
+                recovery: $crate::store::RecoveryArgs<'_>,
+            ) -> Result<$crate::store::Claim, $crate::StoreError> {
+                self.core.claim_recoverable(req, recovery).await
+            }
+
+            async fn recovery_scopes(&self) -> Result<Vec<String>, $crate::StoreError> {
+                self.core.recovery_scopes().await
+            }
+
+            async fn abandoned(
+                &self,
+                scope: &str,
+                limit: usize,
+            ) -> Result<Vec<$crate::store::Abandoned>, $crate::StoreError> {
+                self.core.abandoned(scope, limit).await
+            }
+
+            async fn take_recovery(
+                &self,
+                key: &$crate::Key,
+                turn: $crate::store::RecoveryTurn<'_>,
+            ) -> Result<$crate::store::Turn, $crate::StoreError> {
+                self.core.take_recovery(key, turn).await
+            }
+
+            async fn recovery_info(
+                &self,
+                key: &$crate::Key,
+            ) -> Result<Option<$crate::store::RecoveryInfo>, $crate::StoreError> {
+                self.core.recovery_info(key).await
+            }
+
+            async fn retry_recovery(&self, key: &$crate::Key) -> Result<bool, $crate::StoreError> {
+                self.core.retry_recovery(key).await
             }
         }
 
