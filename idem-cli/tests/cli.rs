@@ -395,10 +395,11 @@ async fn sqlite_schema_applied_by_hand() {
         .fetch_one(&pool)
         .await
         .unwrap();
-    // The records table and the outbox's: `schema` prints every migration,
-    // and the store re-applied none of them.
-    assert_eq!(n, 2);
+    // The records table, the outbox's and recovery's: `schema` prints every
+    // migration, and the store re-applied none of them.
+    assert_eq!(n, 3);
     assert!(sql.contains("idem_outbox"), "{sql}");
+    assert!(sql.contains("idem_recovery"), "{sql}");
     // `schema` follows --store's dialect; Redis has none.
     let o = idem(&["--store", "postgres://h/x", "schema"], &[]);
     assert!(stdout(&o).contains("BYTEA"));

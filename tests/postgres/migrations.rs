@@ -46,7 +46,8 @@ async fn migrating_twice_and_from_several_stores_at_once_is_harmless() {
         ledger,
         vec![
             (1, "create idem_records".to_owned()),
-            (2, "create idem_outbox".to_owned())
+            (2, "create idem_outbox".to_owned()),
+            (3, "create idem_recovery".to_owned())
         ]
     );
     let indexed: bool = sqlx::query_scalar(
