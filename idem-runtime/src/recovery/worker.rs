@@ -262,10 +262,6 @@ impl Worker {
         let mut jobs = JoinSet::new();
         let permits = Arc::new(Semaphore::new(self.s.concurrency));
         for scope in self.recovery.scopes() {
-            if !stored.contains(scope) {
-                metrics::oldest_abandoned(scope, Duration::ZERO);
-                continue;
-            }
             let found = self.store.abandoned(scope, self.s.batch).await?;
             let oldest = found.first().map_or(Duration::ZERO, |a| waited(a, now));
             metrics::oldest_abandoned(scope, oldest);

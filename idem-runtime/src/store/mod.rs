@@ -321,7 +321,9 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// The scopes of the PROCESSING records that have arguments stored,
-    /// abandoned or not: a worker compares them with the functions it has.
+    /// abandoned or not: a worker looks there for claims no function it has
+    /// can resume. A store may name more (Redis names every scope it ever
+    /// indexed), never fewer.
     async fn recovery_scopes(&self) -> Result<Vec<String>, StoreError> {
         Err(recovery::unsupported(self.backend(), "recovery_scopes"))
     }

@@ -21,7 +21,7 @@ use std::time::Duration;
 use redis::{Script, Value};
 
 use crate::error::StoreError;
-use crate::store::{Claim, ClaimRequest};
+use crate::store::{Claim, ClaimRequest, RecoveryArgs};
 
 use super::record::{self, Record};
 use super::reply::{bytes, fingerprint, int};
@@ -52,7 +52,7 @@ impl RedisStore {
             .await
             .map_err(|e| self.err_at(&key, e))?;
         let Some(found) = found else {
-            self.hold(req, record);
+            self.hold_record(req, record);
             return Ok(Claim::Acquired {
                 fence: 1,
                 takeover: false,
@@ -61,16 +61,18 @@ impl RedisStore {
         match record::decode(&found).map_err(|e| self.unreadable(&key, e))? {
             Record::Done { result, .. } => Ok(Claim::Done(result)),
             Record::Processing { token, fence } if token == req.token => {
-                self.hold(req, found);
+                self.hold_record(req, found);
                 Ok(Claim::Acquired {
                     fence,
                     takeover: false,
                 })
             }
             Record::Processing { .. } | Record::Released => {
-                let claim = self.reclaim(&key, &record[..head], lease, ttl).await?;
+                let claim = self
+                    .reclaim_with(&key, None, &record[..head], lease, ttl)
+                    .await?;
                 if let Claim::Acquired { fence, .. } = claim {
-                    self.hold(
+                    self.hold_record(
                         req,
                         record::processing_at(&record[..head], fence, ttl, lease),
                     );
@@ -82,24 +84,31 @@ impl RedisStore {
 
     /// Keeps the PROCESSING record this claim wrote, for a completion by
     /// `SET … IFEQ` (complete.rs).
-    fn hold(&self, req: ClaimRequest<'_>, value: Vec<u8>) {
+    pub(super) fn hold_record(&self, req: ClaimRequest<'_>, value: Vec<u8>) {
         if self.inner.set_ifeq {
             self.inner.held.insert(req.key, req.token, value);
         }
     }
 
-    async fn reclaim(
+    /// `reclaim.lua`; with `recovery`, the hash the arguments go to, and
+    /// the arguments (recovery.rs).
+    pub(super) async fn reclaim_with(
         &self,
         key: &str,
+        recovery: Option<(&str, RecoveryArgs<'_>)>,
         head: &[u8],
         lease: u64,
         ttl: u64,
     ) -> Result<Claim, StoreError> {
-        let reply: Value = RECLAIM
-            .key(key)
-            .arg(head)
-            .arg(lease)
-            .arg(ttl)
+        let mut invocation = RECLAIM.key(key);
+        invocation.arg(head).arg(lease).arg(ttl);
+        if let Some((hash, recovery)) = recovery {
+            invocation
+                .key(hash)
+                .arg(recovery.scope)
+                .arg(recovery.args);
+        }
+        let reply: Value = invocation
             .invoke_async(&mut self.conn())
             .await
             .map_err(|e| self.err_at(key, e))?;

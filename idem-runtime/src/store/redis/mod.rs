@@ -52,6 +52,7 @@ mod claim;
 mod complete;
 mod connection;
 mod record;
+mod recovery;
 mod reply;
 mod scan;
 
@@ -66,7 +67,8 @@ use crate::clock::duration_millis;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::store::{
-    AsStore, Claim, ClaimRequest, Completion, RecordInfo, RecordStats, Store, StoreRef, Token,
+    Abandoned, AsStore, Claim, ClaimRequest, Completion, RecordInfo, RecordStats, RecoveryArgs,
+    RecoveryInfo, RecoveryTurn, Store, StoreRef, Token, Turn,
 };
 use connection::Connection;
 use record::Unreadable;
@@ -335,6 +337,41 @@ impl Store for RedisStore {
     /// already expired are gone and not counted; released ones count as dead.
     async fn stats(&self) -> Result<RecordStats, StoreError> {
         self.count_records().await
+    }
+
+    /// Indexes the key in its scope (one pipelined `SADD` and `ZADD` on the
+    /// `{recovery}` slot), then claims with `reclaim.lua`, which writes the
+    /// arguments beside the record in the same step (recovery.rs): two round
+    /// trips where a plain claim takes one.
+    async fn claim_recoverable(
+        &self,
+        req: ClaimRequest<'_>,
+        recovery: RecoveryArgs<'_>,
+    ) -> Result<Claim, StoreError> {
+        self.claim_recoverable_record(req, recovery).await
+    }
+
+    /// Every scope ever indexed on this prefix (a set that only grows).
+    async fn recovery_scopes(&self) -> Result<Vec<String>, StoreError> {
+        self.recovery_scope_names().await
+    }
+
+    /// Reads the scope's due index entries (`ZRANGEBYSCORE`), one `EVALSHA
+    /// peek.lua` per entry, and tidies the index on the way (recovery.rs).
+    async fn abandoned(&self, scope: &str, limit: usize) -> Result<Vec<Abandoned>, StoreError> {
+        self.abandoned_records(scope, limit).await
+    }
+
+    async fn take_recovery(&self, key: &Key, turn: RecoveryTurn<'_>) -> Result<Turn, StoreError> {
+        self.take_turn(key, turn).await
+    }
+
+    async fn recovery_info(&self, key: &Key) -> Result<Option<RecoveryInfo>, StoreError> {
+        self.recovery_state(key).await
+    }
+
+    async fn retry_recovery(&self, key: &Key) -> Result<bool, StoreError> {
+        self.retry_record(key).await
     }
 }
 

@@ -3,9 +3,15 @@
 -- reading it: RELEASED, or PROCESSING under another token.
 --
 -- KEYS[1]  the record's key
+-- KEYS[2]  (a recoverable claim only) the record's recovery hash
 -- ARGV[1]  the PROCESSING head the claim wrote: 'P1' token[16] fingerprint
 -- ARGV[2]  lease, milliseconds
 -- ARGV[3]  ttl, milliseconds
+-- ARGV[4]  (a recoverable claim only) the call's scope
+-- ARGV[5]  (a recoverable claim only) its sealed arguments
+--
+-- A recoverable claim (recovery.rs) comes here at once, absent key included,
+-- so its arguments are written with the claim, by the same script.
 --
 -- Returns one of
 --   {'acquired', fence, takeover (0 or 1)}
@@ -67,4 +73,17 @@ local lives = math.max(ttl, lease)
 redis.call('SET', key,
   head .. string.format('%d:%d:%d', fence, ttl, lives - lease),
   'PX', string.format('%d', lives))
+if KEYS[2] then
+  -- The arguments, under this claim's token. A takeover continues the
+  -- abandoned call: its count, backoff and parking stay; any other claim
+  -- starts them afresh. The hash lives as long as the claim's record.
+  local hash = KEYS[2]
+  if takeover == 0 then
+    redis.call('DEL', hash)
+  end
+  redis.call('HSET', hash, 'token', token, 'scope', ARGV[4], 'args', ARGV[5])
+  redis.call('HSETNX', hash, 'attempts', '0')
+  redis.call('HSETNX', hash, 'next_at', '0')
+  redis.call('PEXPIRE', hash, string.format('%d', lives))
+end
 return {'acquired', fence, takeover}
