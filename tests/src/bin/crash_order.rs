@@ -12,9 +12,23 @@
 //! `ran issue_coupon rejected`, `ran <compensation> <id> new|existing` for each
 //! compensation body and `final coupon_rejected` at the end (exit status 0).
 //!
+//! The recoverable variants (`#[idempotent(…, recover)]`, see
+//! `tests/crash_recovery/recovery.rs`): `recover` runs the flow through
+//! `create_order_recoverable`, `recover-kill-in-step-two` stops inside step
+//! two (`at insert_order before-write`) for the parent to kill it, and
+//! `recover-reject` / `recover-reject-kill-in-step-two` do the same with the
+//! giving-up variant. `worker` runs no flow: it runs a recovery worker with
+//! both recoverable functions registered (`--reject 1`: step three rejects,
+//! so recovered flows give up), prints `pass found=… recovered=… gave_up=…
+//! failed=… parked=… busy=…` per pass that found something, and ends with
+//! `worker recovered=… gave_up=… failed=… parked=… busy=…` after the first
+//! pass that finds nothing (`--until-idle 1`) or after `--for-ms N`.
+//!
 //! ```text
-//! crash_order <sqlite|postgres|redis> <client_order_no> <none|before-write|after-write|reject|reject-kill-in-restore>
+//! crash_order <sqlite|postgres|redis> <client_order_no> <none|before-write|after-write|reject|reject-kill-in-restore
+//!                                                       |recover|recover-kill-in-step-two|recover-reject|recover-reject-kill-in-step-two|worker>
 //!             [--sqlite FILE] [--postgres URL --schema NAME] [--redis URL --prefix PREFIX]
+//!             [--reject 1] [--until-idle 1 | --for-ms N]
 //! ```
 //!
 //! The idem store is the one named first. The business tables live in the same
@@ -37,11 +51,12 @@ use std::process::ExitCode;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+use idem_runtime::recovery::{Recovery, Worker};
 use idem_runtime::store::StoreRef;
 use idem_runtime::store::Token;
 use idem_runtime::store::redis::RedisStore;
 use idem_runtime::store::sql::{PgStore, SqliteStore};
-use idem_runtime::{idempotent, step};
+use idem_runtime::{idempotent, recoverable, step};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
@@ -123,6 +138,18 @@ enum CrashPoint {
     /// Like `Reject`, and stops inside the stock restore (the second
     /// compensation, after the order was cancelled), before its write.
     RejectKillInRestore,
+    /// Inside step two, before its business write (the recoverable variants).
+    InStepTwo,
+}
+
+/// Which flow the process runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Mode {
+    Plain,
+    GiveUp,
+    Recoverable,
+    RecoverableGiveUp,
+    Worker,
 }
 
 #[derive(Clone)]
@@ -161,6 +188,22 @@ impl OrderService {
         self.create_order_body(client_order_no).await
     }
 
+    /// The same flow, recoverable: its argument is stored with the claim, and
+    /// a worker finishes it if this process dies.
+    #[idempotent(key = "client_order_no", scope = "crash_order.create_order_recoverable", lease = "1s", ttl = "10m", store = self.store.clone(), recover)]
+    async fn create_order_recoverable(&self, client_order_no: &str) -> Result<Receipt, AppError> {
+        self.create_order_body(client_order_no).await
+    }
+
+    /// The giving-up variant, recoverable.
+    #[idempotent(key = "client_order_no", scope = "crash_order.create_order_recoverable_or_give_up", lease = "1s", ttl = "10m", final_err = AppError::is_final, store = self.store.clone(), recover)]
+    async fn create_order_recoverable_or_give_up(
+        &self,
+        client_order_no: &str,
+    ) -> Result<Receipt, AppError> {
+        self.create_order_body(client_order_no).await
+    }
+
     async fn create_order_body(&self, client_order_no: &str) -> Result<Receipt, AppError> {
         let ticket = self.deduct_stock(client_order_no).await?;
         let order_no = self.insert_order(client_order_no, &ticket).await?;
@@ -182,6 +225,9 @@ impl OrderService {
 
     #[step("insert_order", compensate = "cancel_order")]
     async fn insert_order(&self, client_order_no: &str, ticket: &str) -> Result<String, AppError> {
+        if self.crash == CrashPoint::InStepTwo {
+            block_at("insert_order", "before-write").await;
+        }
         self.effect("insert_order", "orders", client_order_no, ticket, false)
             .await
     }
@@ -195,7 +241,7 @@ impl OrderService {
         order_no: &str,
     ) -> Result<String, AppError> {
         if self.crash == CrashPoint::BeforeWrite {
-            block_here("before-write").await;
+            block_at("issue_coupon", "before-write").await;
         }
         if matches!(
             self.crash,
@@ -208,7 +254,7 @@ impl OrderService {
             .effect("issue_coupon", "coupons", client_order_no, order_no, false)
             .await?;
         if self.crash == CrashPoint::AfterWrite {
-            block_here("after-write").await;
+            block_at("issue_coupon", "after-write").await;
         }
         Ok(coupon)
     }
@@ -362,8 +408,8 @@ fn say(line: &str) {
 
 /// Announces the crash point and waits to be killed. The flow's heartbeat
 /// keeps running meanwhile, exactly as in a process stuck in a slow call.
-async fn block_here(point: &str) {
-    say(&format!("at issue_coupon {point}"));
+async fn block_at(step: &str, point: &str) {
+    say(&format!("at {step} {point}"));
     std::future::pending::<()>().await;
 }
 
@@ -371,6 +417,7 @@ struct Args {
     kind: String,
     client_order_no: String,
     crash: CrashPoint,
+    mode: Mode,
     options: HashMap<String, String>,
 }
 
@@ -383,12 +430,17 @@ impl Args {
         };
         let kind = next("the store kind")?;
         let client_order_no = next("the client_order_no")?;
-        let crash = match next("the crash point")?.as_str() {
-            "none" => CrashPoint::None,
-            "before-write" => CrashPoint::BeforeWrite,
-            "after-write" => CrashPoint::AfterWrite,
-            "reject" => CrashPoint::Reject,
-            "reject-kill-in-restore" => CrashPoint::RejectKillInRestore,
+        let (crash, mode) = match next("the crash point")?.as_str() {
+            "none" => (CrashPoint::None, Mode::Plain),
+            "before-write" => (CrashPoint::BeforeWrite, Mode::Plain),
+            "after-write" => (CrashPoint::AfterWrite, Mode::Plain),
+            "reject" => (CrashPoint::Reject, Mode::GiveUp),
+            "reject-kill-in-restore" => (CrashPoint::RejectKillInRestore, Mode::GiveUp),
+            "recover" => (CrashPoint::None, Mode::Recoverable),
+            "recover-kill-in-step-two" => (CrashPoint::InStepTwo, Mode::Recoverable),
+            "recover-reject" => (CrashPoint::Reject, Mode::RecoverableGiveUp),
+            "recover-reject-kill-in-step-two" => (CrashPoint::InStepTwo, Mode::RecoverableGiveUp),
+            "worker" => (CrashPoint::None, Mode::Worker),
             other => return Err(AppError::Usage(format!("unknown crash point {other}"))),
         };
         let mut options = HashMap::new();
@@ -400,10 +452,15 @@ impl Args {
             let value = next(&flag)?;
             options.insert(name, value);
         }
+        let crash = match options.get("reject").map(String::as_str) {
+            Some("1") => CrashPoint::Reject,
+            _ => crash,
+        };
         Ok(Args {
             kind,
             client_order_no,
             crash,
+            mode,
             options,
         })
     }
@@ -467,19 +524,70 @@ async fn service(args: &Args) -> Result<OrderService, AppError> {
     })
 }
 
-async fn run() -> Result<Receipt, AppError> {
+/// Runs recovery passes until one finds nothing (`--until-idle 1`) or for
+/// `--for-ms`, then prints the totals.
+async fn work(svc: OrderService, args: &Args) -> Result<(), AppError> {
+    let recovery = Recovery::new()
+        .register(recoverable!(
+            OrderService::create_order_recoverable,
+            svc.clone()
+        ))
+        .register(recoverable!(
+            OrderService::create_order_recoverable_or_give_up,
+            svc.clone()
+        ));
+    let worker = Worker::builder(svc.store.clone(), recovery)
+        .backoff(Duration::from_millis(200), Duration::from_secs(1))
+        .build();
+    let until = args
+        .options
+        .get("for-ms")
+        .map(|ms| ms.parse().map(|ms| Instant::now() + Duration::from_millis(ms)))
+        .transpose()
+        .map_err(|_| AppError::Usage("--for-ms takes milliseconds".into()))?;
+    let deadline = Instant::now() + GIVE_UP_AFTER;
+    loop {
+        let pass = worker.run_once().await?;
+        if pass.found > 0 {
+            say(&format!(
+                "pass found={} recovered={} gave_up={} failed={} parked={} busy={}",
+                pass.found, pass.recovered, pass.gave_up, pass.failed, pass.parked, pass.busy
+            ));
+        }
+        let done = match until {
+            Some(until) => Instant::now() >= until,
+            None => pass.found == 0 || Instant::now() >= deadline,
+        };
+        if done {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stats = worker.stats();
+    say(&format!(
+        "worker recovered={} gave_up={} failed={} parked={} busy={}",
+        stats.recovered, stats.gave_up, stats.failed, stats.parked, stats.busy
+    ));
+    Ok(())
+}
+
+async fn run() -> Result<Option<Receipt>, AppError> {
     let args = Args::parse()?;
     let svc = service(&args).await?;
+
+    if args.mode == Mode::Worker {
+        return work(svc, &args).await.map(|()| None);
+    }
     let deadline = Instant::now() + GIVE_UP_AFTER;
-    let gives_up = matches!(
-        args.crash,
-        CrashPoint::Reject | CrashPoint::RejectKillInRestore
-    );
     loop {
-        let out = if gives_up {
-            svc.create_order_or_give_up(&args.client_order_no).await
-        } else {
-            svc.create_order(&args.client_order_no).await
+        let out = match args.mode {
+            Mode::GiveUp => svc.create_order_or_give_up(&args.client_order_no).await,
+            Mode::Recoverable => svc.create_order_recoverable(&args.client_order_no).await,
+            Mode::RecoverableGiveUp => {
+                svc.create_order_recoverable_or_give_up(&args.client_order_no)
+                    .await
+            }
+            Mode::Plain | Mode::Worker => svc.create_order(&args.client_order_no).await,
         };
         match out {
             Err(AppError::Idem(idem_runtime::Error::InProgress { retry_after, .. }))
@@ -489,15 +597,28 @@ async fn run() -> Result<Receipt, AppError> {
                 let nap = retry_after.clamp(Duration::from_millis(20), Duration::from_millis(500));
                 tokio::time::sleep(nap).await;
             }
-            other => return other,
+            other => return other.map(Some),
         }
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    // A debug build polls the giving-up flow's future (about 200 KB) with
+    // copies of its large locals on the stack, and a recovery worker runs it
+    // on a runtime worker thread, whose 2 MiB (tokio's default) that does
+    // not hold; a service calling the flow from a spawned task needs the same.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_stack_size(16 << 20)
+        .build()
+        .expect("a tokio runtime");
+    runtime.block_on(main_async())
+}
+
+async fn main_async() -> ExitCode {
     match run().await {
-        Ok(r) => {
+        Ok(None) => ExitCode::SUCCESS,
+        Ok(Some(r)) => {
             say(&format!(
                 "result {} {} {} {}",
                 r.ticket, r.order_no, r.coupon, r.message_id

@@ -16,6 +16,11 @@
 //! Files and schemas are removed at the end, and left in place when a test
 //! fails, for a look. A server that cannot be reached makes its
 //! test say SKIPPED, or fail with `IDEM_REQUIRE_SERVICES=1`.
+//!
+//! `recovery.rs`: the same flow made recoverable, killed in step two, and
+//! finished by a recovery worker in another process.
+
+mod recovery;
 
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::ExitStatusExt;
@@ -236,6 +241,10 @@ impl Proc {
                 }
             }
         }
+    }
+
+    fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 
     /// SIGKILL: no destructor, no release, no completion runs.
