@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! idem --store idem.db inspect --scope orders.create --part u64:734211 --part str:A-1
+//! idem --store postgres://ops@db/orders recover --hash 72f5f0af…
 //! idem --store postgres://ops@db/orders --json stats
 //! idem schema --dialect postgres > idem.sql
 //! idem --store postgres://ops@db/orders outbox stats
@@ -22,7 +23,7 @@ use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Parser, Subcommand};
-use idem_runtime::store::{RecordInfo, RecordState, RecordStats, StoredOutcome};
+use idem_runtime::store::{RecordInfo, RecordState, RecordStats, RecoveryInfo, StoredOutcome};
 use idem_runtime::{Key, KeySecret};
 use serde_json::{Value, json};
 
@@ -85,6 +86,12 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// Let the recovery worker try a recoverable call again
+    /// (`#[idempotent(…, recover)]`): clears its parking, its count of
+    /// recoveries and its backoff. The worker takes it up once its lease has
+    /// run out. Exit status 3 when there is no PROCESSING record with stored
+    /// arguments under the key.
+    Recover(KeyArgs),
     /// Delete expired and released records.
     Purge {
         /// Delete at most this many (default: all of them, in batches).
@@ -259,7 +266,8 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
             let store = store::open(store_url(cli)?, &cli.redis_prefix).await?;
             match store.inspect(&r.key).await? {
                 Some(info) => {
-                    print_record(cli, &r, &info);
+                    let recovery = store.recovery_info(&r.key).await?;
+                    print_record(cli, &r, &info, recovery.as_ref());
                     Ok(())
                 }
                 None => {
@@ -307,6 +315,35 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
                     );
                 }
                 Err(no_record(&r, cli))
+            }
+        }
+        Command::Recover(args) => {
+            let r = resolve(cli, args)?;
+            let store = store::open(store_url(cli)?, &cli.redis_prefix).await?;
+            if store.retry_recovery(&r.key).await? {
+                if cli.json {
+                    println!(
+                        "{}",
+                        json!({"recover": true, "key": r.key.to_hex(), "scope": r.scope})
+                    );
+                } else {
+                    println!(
+                        "recovery of {} cleared: the worker takes it up once its lease has run out",
+                        r.key.to_hex()
+                    );
+                }
+                Ok(())
+            } else {
+                if cli.json {
+                    println!(
+                        "{}",
+                        json!({"recover": false, "key": r.key.to_hex(), "scope": r.scope})
+                    );
+                }
+                Err(Failure::NotFound(format!(
+                    "no recoverable call under {}: no PROCESSING record with stored arguments (finished, released, never made with `recover`, or the key is wrong); `idem inspect` shows what is there",
+                    r.key.to_hex()
+                )))
             }
         }
         Command::Purge { max, batch } => {
@@ -389,7 +426,7 @@ fn payload_value(bytes: &[u8]) -> Value {
     serde_json::from_slice(bytes).unwrap_or_else(|_| json!({"hex": hex::encode(bytes)}))
 }
 
-fn print_record(cli: &Cli, r: &Resolved, info: &RecordInfo) {
+fn print_record(cli: &Cli, r: &Resolved, info: &RecordInfo, recovery: Option<&RecoveryInfo>) {
     let state = match info.state {
         RecordState::Processing => "processing",
         RecordState::Done => "done",
@@ -413,6 +450,16 @@ fn print_record(cli: &Cli, r: &Resolved, info: &RecordInfo) {
             obj["outcome"] = json!(outcome_name(res.outcome));
             obj["result"] = payload_value(&res.payload);
             obj["fingerprint"] = json!(res.fingerprint.map(|f| hex::encode(f.as_bytes())));
+        }
+        if let Some(rec) = recovery {
+            obj["recovery"] = json!({
+                "scope": rec.scope,
+                "attempts": rec.attempts,
+                "next_attempt_ms": rec.next_attempt_millis,
+                "parked": rec.parked.is_some(),
+                "parked_because": rec.parked,
+                "args_bytes": rec.args_bytes,
+            });
         }
         println!("{obj}");
         return;
@@ -466,6 +513,30 @@ fn print_record(cli: &Cli, r: &Resolved, info: &RecordInfo) {
         rows.push(("result", shown));
         if let Some(fp) = res.fingerprint {
             rows.push(("fingerprint", hex::encode(fp.as_bytes())));
+        }
+    }
+    if let Some(rec) = recovery {
+        rows.push((
+            "recovery",
+            format!(
+                "arguments stored ({} bytes) for scope {}; {} recoveries attempted",
+                rec.args_bytes, rec.scope, rec.attempts
+            ),
+        ));
+        match &rec.parked {
+            Some(why) => rows.push((
+                "parked",
+                format!("{why}; `idem recover` lets the worker try again"),
+            )),
+            None if rec.next_attempt_millis > now_millis() => rows.push((
+                "next recovery",
+                format!(
+                    "{} ({})",
+                    rec.next_attempt_millis,
+                    relative(rec.next_attempt_millis)
+                ),
+            )),
+            None => {}
         }
     }
     table(&rows);

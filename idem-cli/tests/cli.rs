@@ -14,7 +14,9 @@ use idem_runtime::outbox::{self, Message, OutboxDatabase, Relay};
 use idem_runtime::store::StoreRef;
 use idem_runtime::store::redis::RedisStore;
 use idem_runtime::store::sql::{MySqlStore, PgStore, SqliteStore};
-use idem_runtime::store::{Claim, ClaimRequest, Completion, Store, StoredOutcome, Token};
+use idem_runtime::store::{
+    Claim, ClaimRequest, Completion, RecoveryArgs, RecoveryTurn, Store, StoredOutcome, Token, Turn,
+};
 use idem_runtime::{Key, KeySecret};
 use serde_json::Value;
 
@@ -342,6 +344,102 @@ fn bad_store_urls_fail_clearly() {
     // IDEM_STORE is read too.
     let o = idem(&["stats"], &[("IDEM_STORE", "ftp://h/x")]);
     assert!(stderr(&o).contains("unknown store URL scheme"));
+}
+
+/// A recoverable claim whose lease ran out, parked by a worker: `inspect`
+/// shows it parked and why, `recover` clears it (exit 3 on a key with no
+/// recoverable call).
+async fn parked_claim(store: &StoreRef) -> Key {
+    let key = Key::builder("orders.recover")
+        .part(&ORDER)
+        .part(&random_hex())
+        .finish();
+    let args = RecoveryArgs {
+        scope: "orders.recover",
+        args: b"sealed arguments",
+    };
+    let claimed = store
+        .claim_recoverable(req(&key, Token::random(), Duration::from_millis(200)), args)
+        .await
+        .unwrap();
+    let Claim::Acquired { fence, .. } = claimed else {
+        panic!("{claimed:?}");
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let turn = RecoveryTurn {
+        fence,
+        retry_in: Duration::ZERO,
+        max_attempts: 5,
+        note: "gave up after 5 recoveries",
+        park_now: true,
+    };
+    assert_eq!(
+        store.take_recovery(&key, turn).await.unwrap(),
+        Turn::Parked { attempts: 0 }
+    );
+    key
+}
+
+fn recover_a_parked_claim(url: &str, extra: &[&str], key: &Key) {
+    let hex = key.to_hex();
+    let with = |cmd: &[&str]| {
+        let mut args = vec!["--store", url];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(cmd);
+        idem(&args, &[])
+    };
+    let o = with(&["inspect", "--hash", &hex]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("parked") && out.contains("gave up after 5 recoveries"), "{out}");
+    assert!(out.contains("for scope orders.recover"), "{out}");
+    let o = with(&["--json", "inspect", "--hash", &hex]);
+    assert_eq!(json(&o)["recovery"]["parked"], true, "{}", stdout(&o));
+
+    let o = with(&["recover", "--hash", &hex]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("worker takes it up"), "{}", stdout(&o));
+    let o = with(&["--json", "inspect", "--hash", &hex]);
+    let got = json(&o);
+    assert_eq!(got["recovery"]["parked"], false, "{got}");
+    assert_eq!(got["recovery"]["attempts"], 0, "{got}");
+
+    let other = Key::builder("orders.recover").part(&1u64).finish().to_hex();
+    let o = with(&["recover", "--hash", &other]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(stderr(&o).contains("no recoverable call"), "{}", stderr(&o));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sqlite_recover_clears_a_parked_claim() {
+    let dir = std::env::temp_dir().join(format!("idem-cli-{}", random_hex()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("idem.db");
+    let store = StoreRef::new(SqliteStore::open(&path).await.unwrap());
+    let key = parked_claim(&store).await;
+    let url = path.to_str().unwrap().to_owned();
+    tokio::task::spawn_blocking(move || recover_a_parked_claim(&url, &[], &key))
+        .await
+        .unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_recover_clears_a_parked_claim() {
+    let url = std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let prefix = format!("idem-cli-recover:{}:", random_hex());
+    let Some(store) = skip(
+        "Redis",
+        RedisStore::builder().key_prefix(&prefix).connect(&url).await,
+    ) else {
+        return;
+    };
+    let key = parked_claim(&StoreRef::new(store)).await;
+    tokio::task::spawn_blocking(move || {
+        recover_a_parked_claim(&url, &["--redis-prefix", &prefix], &key)
+    })
+    .await
+    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]

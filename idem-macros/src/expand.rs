@@ -373,6 +373,7 @@ fn recovery_item(
     let item = syn::Ident::new(&format!("__idem_recover_{name}"), recover.flag.span());
     let names: Vec<&syn::Ident> = recover.params.iter().map(|p| &p.name).collect();
     let stored = recover.params.iter().map(|p| &p.stored);
+    let stored2 = recover.params.iter().map(|p| &p.stored);
     let call_args = recover.params.iter().map(|p| {
         let n = &p.name;
         if p.by_ref { quote!(&#n) } else { quote!(#n) }
@@ -381,7 +382,10 @@ fn recovery_item(
         quote!(let _ = __idem_json;)
     } else {
         quote! {
-            let (#(#names,)*): (#(#stored,)*) = #krate::__private::decode_args(__idem_json)?;
+            #[allow(unused_imports)]
+            use #krate::__private::{DecodeHolds as _, DecodeMissing as _};
+            let (#(#names,)*): (#(#stored,)*) =
+                (&#krate::__private::DecodeProbe::<(#(#stored2,)*)>::new()).decode(__idem_json)?;
         }
     };
     let doc = format!(

@@ -45,6 +45,9 @@ pub(crate) fn check<'a>(
             tx,
             "`recover` and `tx` exclude each other: with `tx` the claim commits or rolls back with the caller's transaction, so a crash leaves no claim behind to recover",
         );
+        // The transaction parameter itself could never be stored: that is
+        // the same mistake, said once.
+        return None;
     }
     if let Some(consumer) = &args.consumer {
         errors.error(

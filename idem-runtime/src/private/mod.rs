@@ -19,8 +19,8 @@ pub use crate::recovery::{Ended, Prepared, Recoverable};
 pub use core::option::Option::{None, Some};
 pub use core::result::Result::{Err, Ok};
 pub use recover::{
-    ArgProbe, ArgSerializeHolds, ArgSerializeMissing, ArgsWriter, RecoverableArg,
-    RecoverableArgSerialize, assert_recoverable_arg, decode_args, recovery_end,
+    ArgProbe, ArgSerializeHolds, ArgSerializeMissing, ArgsWriter, DecodeHolds, DecodeMissing,
+    DecodeProbe, RecoverableArg, RecoverableArgSerialize, assert_recoverable_arg, recovery_end,
 };
 pub use std::boxed::Box;
 pub use std::sync::Arc;

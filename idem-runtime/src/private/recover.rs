@@ -113,10 +113,50 @@ pub trait ArgSerializeMissing {
 
 impl<S: ?Sized> ArgSerializeMissing for &ArgProbe<S> {}
 
+/// Probes the tuple of the function's parameter types, for decoding.
+pub struct DecodeProbe<A>(PhantomData<fn() -> A>);
+
+impl<A> DecodeProbe<A> {
+    #[allow(clippy::new_without_default)]
+    pub const fn new() -> Self {
+        DecodeProbe(PhantomData)
+    }
+}
+
 /// Decodes the stored arguments into the function's parameter types (a
 /// tuple, in parameter order).
-pub fn decode_args<A: DeserializeOwned>(json: &[u8]) -> Result<A, CodecError> {
-    serde_json::from_slice(json).map_err(CodecError::from)
+pub trait DecodeHolds<A> {
+    #[inline]
+    fn decode(&self, json: &[u8]) -> Result<A, CodecError>
+    where
+        A: DeserializeOwned,
+    {
+        serde_json::from_slice(json).map_err(CodecError::from)
+    }
+}
+
+impl<A: DeserializeOwned> DecodeHolds<A> for DecodeProbe<A> {}
+
+/// Chosen only when an argument's type cannot be decoded, which
+/// `assert_recoverable_arg` or the probe has already reported on the type:
+/// no second error at the attribute. Never instantiated in a crate that
+/// builds (see `diagnostics.rs`).
+pub trait DecodeMissing<A> {
+    fn decode(&self, _: &[u8]) -> Result<A, CodecError> {
+        #[allow(clippy::let_unit_value)]
+        let () = NeverDecoded::<A>::ERROR;
+        unreachable!("DecodeMissing is never instantiated")
+    }
+}
+
+impl<A> DecodeMissing<A> for &DecodeProbe<A> {}
+
+struct NeverDecoded<A>(PhantomData<A>);
+
+impl<A> NeverDecoded<A> {
+    const ERROR: () = panic!(
+        "idem: decoding recovery arguments fell back to `DecodeMissing` in a crate with no type error; please report this as a bug in idem"
+    );
 }
 
 /// What the worker needs to know of the function's result.
@@ -141,7 +181,7 @@ mod tests {
             panic!("encodes")
         };
         assert_eq!(json, br#"["SKU-1",3]"#);
-        let (sku, qty): (String, u32) = decode_args(&json).unwrap();
+        let (sku, qty): (String, u32) = (&DecodeProbe::new()).decode(&json).unwrap();
         assert_eq!((sku.as_str(), qty), ("SKU-1", 3));
     }
 }
