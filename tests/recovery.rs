@@ -285,6 +285,34 @@ async fn two_workers_at_once_recover_each_flow_once() {
 }
 
 #[tokio::test]
+async fn arguments_that_derive_another_key_are_parked_not_run() {
+    let _serial = SERIAL.lock().await;
+    static BEFORE: LazyLock<Effects> = LazyLock::new(Effects::default);
+    // The call as it was made, keyed by `a`…
+    #[idempotent(scope = "recovery.rekeyed", key = "a", lease = "1s", store = &*STORE, recover)]
+    async fn rekeyed_then(a: u32, b: u32) -> Result<String, AppError> {
+        reserve(&BEFORE, a).await?;
+        charge(&BEFORE, &b.to_string()).await
+    }
+    // …and the function registered now, its key segments changed to `b`.
+    #[idempotent(scope = "recovery.rekeyed", key = "b", lease = "1s", store = &*STORE, recover)]
+    async fn rekeyed_now(a: u32, b: u32) -> Result<String, AppError> {
+        reserve(&BEFORE, a).await?;
+        charge(&BEFORE, &b.to_string()).await
+    }
+    abandon_in_step_two(&BEFORE, rekeyed_then(1, 2)).await;
+    let w = worker(Recovery::new().register(recoverable!(rekeyed_now)));
+    let pass = w.run_once().await.unwrap();
+    assert_eq!(pass.parked, 1, "{pass:?}");
+    // Nothing ran under the other key: it would have been another intent.
+    assert_eq!(BEFORE.reserved.load(Ordering::SeqCst), 1);
+    assert_eq!(BEFORE.charged.load(Ordering::SeqCst), 0);
+    let key = Key::builder("recovery.rekeyed").part(&1u32).finish();
+    let info = STORE.recovery_info(&key).await.unwrap().unwrap();
+    assert!(info.parked.unwrap().contains("another key"));
+}
+
+#[tokio::test]
 async fn unusable_arguments_are_parked_and_unknown_scopes_reported() {
     let _serial = SERIAL.lock().await;
     static OWN: LazyLock<MemoryStore> =
