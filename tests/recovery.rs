@@ -280,6 +280,8 @@ async fn two_workers_at_once_recover_each_flow_once() {
     let (pa, pb) = tokio::join!(a.run_once(), b.run_once());
     let (pa, pb) = (pa.unwrap(), pb.unwrap());
     assert_eq!(pa.recovered + pb.recovered, 6, "{pa:?} {pb:?}");
+    // One turn per flow: the other worker never even ran the function.
+    assert_eq!(pa.busy + pb.busy, 0, "{pa:?} {pb:?}");
     assert_eq!(TWO.reserved.load(Ordering::SeqCst), 6);
     assert_eq!(TWO.charged.load(Ordering::SeqCst), 6);
 }
