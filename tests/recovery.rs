@@ -223,7 +223,10 @@ async fn failed_recoveries_back_off_then_park_and_an_operator_retries() {
     assert_eq!(w.run_once().await.unwrap().failed, 1);
     CLOCK.advance(Duration::from_secs(30));
     let pass = w.run_once().await.unwrap();
-    assert_eq!(pass.parked, 1, "the third turn parks after two attempts: {pass:?}");
+    assert_eq!(
+        pass.parked, 1,
+        "the third turn parks after two attempts: {pass:?}"
+    );
     let info = STORE.recovery_info(&key).await.unwrap().unwrap();
     assert_eq!(info.attempts, 2);
     assert!(info.parked.unwrap().contains("gave up after 2"));

@@ -391,7 +391,10 @@ fn recover_a_parked_claim(url: &str, extra: &[&str], key: &Key) {
     let o = with(&["inspect", "--hash", &hex]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
-    assert!(out.contains("parked") && out.contains("gave up after 5 recoveries"), "{out}");
+    assert!(
+        out.contains("parked") && out.contains("gave up after 5 recoveries"),
+        "{out}"
+    );
     assert!(out.contains("for scope orders.recover"), "{out}");
     let o = with(&["--json", "inspect", "--hash", &hex]);
     assert_eq!(json(&o)["recovery"]["parked"], true, "{}", stdout(&o));
@@ -430,7 +433,10 @@ async fn redis_recover_clears_a_parked_claim() {
     let prefix = format!("idem-cli-recover:{}:", random_hex());
     let Some(store) = skip(
         "Redis",
-        RedisStore::builder().key_prefix(&prefix).connect(&url).await,
+        RedisStore::builder()
+            .key_prefix(&prefix)
+            .connect(&url)
+            .await,
     ) else {
         return;
     };

@@ -446,10 +446,12 @@ pub(crate) fn recoverable(input: TokenStream) -> syn::Result<TokenStream> {
         Ok((path, service))
     };
     let (mut path, service) = syn::parse::Parser::parse2(parser, input)?;
-    let last = path
-        .segments
-        .last_mut()
-        .ok_or_else(|| syn::Error::new(Span::call_site(), "name the function: recoverable!(create_order)"))?;
+    let last = path.segments.last_mut().ok_or_else(|| {
+        syn::Error::new(
+            Span::call_site(),
+            "name the function: recoverable!(create_order)",
+        )
+    })?;
     // On the user's token: a function without `recover` is reported there.
     last.ident = syn::Ident::new(&format!("__idem_recover_{}", last.ident), last.ident.span());
     Ok(match service {

@@ -17,7 +17,7 @@ use idem_tests::services;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
-use super::{Proc, Row, STOCK, Tables, random_hex, ran, remove_sqlite, sqlite_path};
+use super::{Proc, Row, STOCK, Tables, ran, random_hex, remove_sqlite, sqlite_path};
 
 /// Longer than the flows' 1 s lease: a killed owner's claim is abandoned by then.
 const PAST_THE_LEASE: Duration = Duration::from_millis(1500);
@@ -40,7 +40,11 @@ impl Env {
             "sqlite" => {
                 let path = sqlite_path("recovery");
                 Some(Env {
-                    args: vec!["sqlite".into(), "--sqlite".into(), path.display().to_string()],
+                    args: vec![
+                        "sqlite".into(),
+                        "--sqlite".into(),
+                        path.display().to_string(),
+                    ],
                     tables: Tables::Sqlite(path.clone()),
                     cleanup: Cleanup::File(path),
                 })
@@ -119,7 +123,11 @@ fn client_killed_in_step_two(env_args: &[String], client_order_no: &str, mode: &
     let mut client = Proc::start(env_args, client_order_no, mode);
     client.wait_for("at insert_order before-write");
     let status = client.kill();
-    assert_eq!(status.signal(), Some(9), "not killed by SIGKILL: {status:?}");
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "not killed by SIGKILL: {status:?}"
+    );
     client
 }
 
@@ -202,8 +210,16 @@ async fn killed_client_is_finished_by_a_worker(env: &Env) {
     let (client_pid, worker_pid) = (client.pid(), worker.pid());
     assert_eq!(got.ledger, [row(ticket, "SKU-42", client_pid)], "{context}");
     assert_eq!(got.orders, [row(order_no, ticket, worker_pid)], "{context}");
-    assert_eq!(got.coupons, [row(coupon, order_no, worker_pid)], "{context}");
-    assert_eq!(got.messages, [row(message_id, coupon, worker_pid)], "{context}");
+    assert_eq!(
+        got.coupons,
+        [row(coupon, order_no, worker_pid)],
+        "{context}"
+    );
+    assert_eq!(
+        got.messages,
+        [row(message_id, coupon, worker_pid)],
+        "{context}"
+    );
     assert_eq!(got.stock_left, STOCK - 1, "{context}");
 }
 
@@ -254,12 +270,30 @@ async fn final_error_during_recovery_compensates_once(env: &Env) {
 
     let got = env.tables.read().await;
     let worker_pid = worker.pid();
-    assert_eq!(got.ledger, [row(ticket, "SKU-42", client.pid())], "{context}");
+    assert_eq!(
+        got.ledger,
+        [row(ticket, "SKU-42", client.pid())],
+        "{context}"
+    );
     assert_eq!(got.orders, [row(order_no, ticket, worker_pid)], "{context}");
-    assert!(got.coupons.is_empty() && got.messages.is_empty(), "{context}");
-    assert_eq!(got.cancellations, [row(cancellation, order_no, worker_pid)], "{context}");
-    assert_eq!(got.restores, [row(restore, ticket, worker_pid)], "{context}");
-    assert_eq!(got.stock_left, STOCK, "deducted once, restored once\n{context}");
+    assert!(
+        got.coupons.is_empty() && got.messages.is_empty(),
+        "{context}"
+    );
+    assert_eq!(
+        got.cancellations,
+        [row(cancellation, order_no, worker_pid)],
+        "{context}"
+    );
+    assert_eq!(
+        got.restores,
+        [row(restore, ticket, worker_pid)],
+        "{context}"
+    );
+    assert_eq!(
+        got.stock_left, STOCK,
+        "deducted once, restored once\n{context}"
+    );
 }
 
 /// Three abandoned flows and two workers started at once: each flow is
@@ -310,12 +344,18 @@ async fn two_workers_recover_each_flow_once(env: &Env) {
             .sum::<usize>()
     };
     for step in ["insert_order", "issue_coupon", "publish"] {
-        assert_eq!(ran_in_workers(step), 3, "{step} ran once per flow\n{context}");
+        assert_eq!(
+            ran_in_workers(step),
+            3,
+            "{step} ran once per flow\n{context}"
+        );
     }
     assert_eq!(ran_in_workers("deduct_stock"), 0, "{context}");
     for (w, _) in &workers {
         assert!(
-            ran(&w.seen, "insert_order").iter().all(|(_, how)| *how == "new"),
+            ran(&w.seen, "insert_order")
+                .iter()
+                .all(|(_, how)| *how == "new"),
             "a step met a row another worker wrote: it ran twice\n{context}"
         );
     }
@@ -365,7 +405,12 @@ async fn a_live_claim_is_never_touched(env: &Env) {
     })
     .await
     .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
-    assert_eq!(ran(&after.seen, "insert_order").len(), 1, "{:?}", after.seen);
+    assert_eq!(
+        ran(&after.seen, "insert_order").len(),
+        1,
+        "{:?}",
+        after.seen
+    );
     assert!(ran(&idle.seen, "insert_order").is_empty());
     let got = env.tables.read().await;
     assert_eq!(got.orders.len(), 1);

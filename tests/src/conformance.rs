@@ -709,7 +709,10 @@ pub async fn recoverable_claim_is_abandoned_after_its_lease(s: Subject) {
         "a live claim is not abandoned"
     );
     let info = s.store.recovery_info(&key).await.unwrap().expect("stored");
-    assert_eq!((info.scope.as_str(), info.attempts, info.parked), (scope.as_str(), 0, None));
+    assert_eq!(
+        (info.scope.as_str(), info.attempts, info.parked),
+        (scope.as_str(), 0, None)
+    );
     assert_eq!(info.args_bytes, 11);
     assert_eq!(s.store.recovery_info(&plain).await.unwrap(), None);
 
@@ -719,10 +722,21 @@ pub async fn recoverable_claim_is_abandoned_after_its_lease(s: Subject) {
     assert_eq!((found[0].key, found[0].fence), (key, fence));
     assert_eq!(found[0].args, b"sealed\x00args");
     assert_eq!(found[0].attempts, 0);
-    assert!(s.store.abandoned(&fresh_scope("other"), 10).await.unwrap().is_empty());
+    assert!(
+        s.store
+            .abandoned(&fresh_scope("other"), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 
     // The owner was only slow: it completes, and nothing is left to recover.
-    assert!(s.store.complete(&key, token, success(b"ok", s.ttl())).await.unwrap());
+    assert!(
+        s.store
+            .complete(&key, token, success(b"ok", s.ttl()))
+            .await
+            .unwrap()
+    );
     assert!(s.store.abandoned(&scope, 10).await.unwrap().is_empty());
     assert_eq!(s.store.recovery_info(&key).await.unwrap(), None);
 }
@@ -746,22 +760,34 @@ pub async fn recovery_turns_are_counted_spaced_and_parked(s: Subject) {
         panic!("expected to acquire, got {claim:?}");
     };
     assert_eq!(
-        s.store.take_recovery(&key, turn(fence, &s, 2)).await.unwrap(),
+        s.store
+            .take_recovery(&key, turn(fence, &s, 2))
+            .await
+            .unwrap(),
         Turn::Gone,
         "a live claim gives no turn"
     );
     s.advance(4).await;
     assert_eq!(
-        s.store.take_recovery(&key, turn(fence + 1, &s, 2)).await.unwrap(),
+        s.store
+            .take_recovery(&key, turn(fence + 1, &s, 2))
+            .await
+            .unwrap(),
         Turn::Gone,
         "another fence gives no turn"
     );
     assert_eq!(
-        s.store.take_recovery(&key, turn(fence, &s, 2)).await.unwrap(),
+        s.store
+            .take_recovery(&key, turn(fence, &s, 2))
+            .await
+            .unwrap(),
         Turn::Run { attempt: 1 }
     );
     assert_eq!(
-        s.store.take_recovery(&key, turn(fence, &s, 2)).await.unwrap(),
+        s.store
+            .take_recovery(&key, turn(fence, &s, 2))
+            .await
+            .unwrap(),
         Turn::Gone,
         "a second turn waits out the backoff"
     );
@@ -769,19 +795,31 @@ pub async fn recovery_turns_are_counted_spaced_and_parked(s: Subject) {
     s.advance(6).await;
     assert_eq!(s.store.abandoned(&scope, 10).await.unwrap()[0].attempts, 1);
     assert_eq!(
-        s.store.take_recovery(&key, turn(fence, &s, 2)).await.unwrap(),
+        s.store
+            .take_recovery(&key, turn(fence, &s, 2))
+            .await
+            .unwrap(),
         Turn::Run { attempt: 2 }
     );
     s.advance(6).await;
     assert_eq!(
-        s.store.take_recovery(&key, turn(fence, &s, 2)).await.unwrap(),
+        s.store
+            .take_recovery(&key, turn(fence, &s, 2))
+            .await
+            .unwrap(),
         Turn::Parked { attempts: 2 }
     );
     let info = s.store.recovery_info(&key).await.unwrap().expect("stored");
     assert_eq!(info.parked.as_deref(), Some("gave up"));
-    assert!(s.store.abandoned(&scope, 10).await.unwrap().is_empty(), "parked");
+    assert!(
+        s.store.abandoned(&scope, 10).await.unwrap().is_empty(),
+        "parked"
+    );
     assert_eq!(
-        s.store.take_recovery(&key, turn(fence, &s, 9)).await.unwrap(),
+        s.store
+            .take_recovery(&key, turn(fence, &s, 9))
+            .await
+            .unwrap(),
         Turn::Gone
     );
 
@@ -798,7 +836,12 @@ pub async fn recovery_turns_are_counted_spaced_and_parked(s: Subject) {
         s.store.take_recovery(&key, now).await.unwrap(),
         Turn::Parked { attempts: 0 }
     );
-    assert!(!s.store.retry_recovery(&fresh_key("turns-absent")).await.unwrap());
+    assert!(
+        !s.store
+            .retry_recovery(&fresh_key("turns-absent"))
+            .await
+            .unwrap()
+    );
 }
 
 /// A takeover continues the abandoned call: its count stays, and turns at
@@ -820,7 +863,10 @@ pub async fn takeover_keeps_the_recovery_count_and_release_forgets(s: Subject) {
     };
     s.advance(4).await;
     assert_eq!(
-        s.store.take_recovery(&key, turn(fence, &s, 5)).await.unwrap(),
+        s.store
+            .take_recovery(&key, turn(fence, &s, 5))
+            .await
+            .unwrap(),
         Turn::Run { attempt: 1 }
     );
     let worker = Token::random();
@@ -833,10 +879,16 @@ pub async fn takeover_keeps_the_recovery_count_and_release_forgets(s: Subject) {
         matches!(claim, Claim::Acquired { takeover: true, fence: f } if f > fence),
         "{claim:?}"
     );
-    assert_eq!(s.store.recovery_info(&key).await.unwrap().unwrap().attempts, 1);
+    assert_eq!(
+        s.store.recovery_info(&key).await.unwrap().unwrap().attempts,
+        1
+    );
     s.advance(10).await;
     assert_eq!(
-        s.store.take_recovery(&key, turn(fence, &s, 5)).await.unwrap(),
+        s.store
+            .take_recovery(&key, turn(fence, &s, 5))
+            .await
+            .unwrap(),
         Turn::Gone,
         "the old fence is gone"
     );

@@ -94,9 +94,7 @@ pub(crate) fn check<'a>(
     if params.len() > MAX_PARAMS {
         errors.error(
             &func.sig.inputs,
-            format!(
-                "`recover` stores at most {MAX_PARAMS} arguments: gather them in a struct"
-            ),
+            format!("`recover` stores at most {MAX_PARAMS} arguments: gather them in a struct"),
         );
     }
     (errors.len() == before).then_some(Recover {

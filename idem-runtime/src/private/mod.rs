@@ -10,20 +10,14 @@ mod recover;
 
 pub use crate::key::{FingerprintBuilder, Key, KeyBuilder};
 pub use crate::protocol::{Cacheable, FromIdemError, StorableError};
+pub use crate::recovery::{Ended, Prepared, Recoverable};
 pub use crate::spec::{Kind, Spec};
 pub use crate::store::{AsStore, StoreRef};
 pub use compensate::{
     AfterTypeErrorCompensated, WhenTypesHoldCompensated, compensation_receiver, compensation_result,
 };
-pub use crate::recovery::{Ended, Prepared, Recoverable};
 pub use core::option::Option::{None, Some};
 pub use core::result::Result::{Err, Ok};
-pub use recover::{
-    ArgProbe, ArgSerializeHolds, ArgSerializeMissing, ArgsWriter, DecodeHolds, DecodeMissing,
-    DecodeProbe, RecoverableArg, RecoverableArgSerialize, assert_recoverable_arg, recovery_end,
-};
-pub use std::boxed::Box;
-pub use std::sync::Arc;
 pub use core::time::Duration;
 pub use diagnostics::{
     AfterTypeError, CacheableSerialize, Dispatch, ErrProbe, IdemResult, OkProbe, SerializeHolds,
@@ -31,6 +25,12 @@ pub use diagnostics::{
     assert_error_type, assert_result, assert_result_keeping_final, assert_serializable,
     assert_storable_error,
 };
+pub use recover::{
+    ArgProbe, ArgSerializeHolds, ArgSerializeMissing, ArgsWriter, DecodeHolds, DecodeMissing,
+    DecodeProbe, RecoverableArg, RecoverableArgSerialize, assert_recoverable_arg, recovery_end,
+};
+pub use std::boxed::Box;
+pub use std::sync::Arc;
 
 use crate::key::{Fingerprint, KeyPart};
 

@@ -175,13 +175,13 @@ mod tests {
     #[test]
     fn arguments_are_a_json_array_that_decodes_as_a_tuple() {
         let mut w = ArgsWriter::new();
-        (&ArgProbe::<String>::new()).push(&mut w, "SKU-1");
-        (&ArgProbe::<u32>::new()).push(&mut w, &3u32);
+        ArgProbe::<String>::new().push(&mut w, "SKU-1");
+        ArgProbe::<u32>::new().push(&mut w, &3u32);
         let CallArgs(Ok(json)) = w.finish() else {
             panic!("encodes")
         };
         assert_eq!(json, br#"["SKU-1",3]"#);
-        let (sku, qty): (String, u32) = (&DecodeProbe::new()).decode(&json).unwrap();
+        let (sku, qty): (String, u32) = DecodeProbe::new().decode(&json).unwrap();
         assert_eq!((sku.as_str(), qty), ("SKU-1", 3));
     }
 }

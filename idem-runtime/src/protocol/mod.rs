@@ -195,16 +195,8 @@ where
     E: FromIdemError,
     F: Future<Output = Result<T, E>>,
 {
-    run::<T, M, E, F, ReleaseAll>(
-        spec,
-        store,
-        key,
-        fingerprint,
-        body,
-        &ReleaseAll,
-        Some(args),
-    )
-    .await
+    run::<T, M, E, F, ReleaseAll>(spec, store, key, fingerprint, body, &ReleaseAll, Some(args))
+        .await
 }
 
 /// Like [`execute`], but an `Err` for which `is_final` returns `true` is stored
@@ -364,7 +356,16 @@ where
         let running = hint::Running::start(spec, key, answered);
         let out = flow::scope(ctx, body(&mut *conn)).await;
         running.finish();
-        finish(spec, conn.tx_connection(), &key, token, out, &ReleaseAll, false).await
+        finish(
+            spec,
+            conn.tx_connection(),
+            &key,
+            token,
+            out,
+            &ReleaseAll,
+            false,
+        )
+        .await
     }
     .instrument(span)
     .await
@@ -538,7 +539,8 @@ where
     let span = tracing::debug_span!("idem", scope = spec.scope, key = %key.short(), fence = tracing::field::Empty);
     async move {
         let token = Token::random();
-        let sealed = args.map(|a| recovery::args::seal(&key, spec.scope, &a, store.max_result_bytes()));
+        let sealed =
+            args.map(|a| recovery::args::seal(&key, spec.scope, &a, store.max_result_bytes()));
         let recovery = sealed.as_deref().map(|args| RecoveryArgs {
             scope: spec.scope,
             args,

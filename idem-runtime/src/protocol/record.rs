@@ -118,7 +118,9 @@ where
             None => {
                 report::call(spec, CallOutcome::Failed);
                 if keep_claim {
-                    tracing::info!("the recovered call failed; its claim stays until the lease runs out, for the worker's next turn");
+                    tracing::info!(
+                        "the recovered call failed; its claim stays until the lease runs out, for the worker's next turn"
+                    );
                     return out;
                 }
                 if let Err(e) = store.release(key, token).await {

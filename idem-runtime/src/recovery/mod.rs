@@ -53,7 +53,7 @@ mod metrics;
 mod registry;
 mod worker;
 
-pub use registry::{Recoverable, Recovery};
 #[doc(hidden)]
 pub use registry::{Ended, Prepared};
+pub use registry::{Recoverable, Recovery};
 pub use worker::{Pass, Worker, WorkerBuilder, WorkerStats};

@@ -376,7 +376,10 @@ impl Worker {
         let attempt = match self.store.take_recovery(&key, turn).await {
             Ok(Turn::Run { attempt }) => attempt,
             Ok(Turn::Parked { attempts }) => {
-                tracing::warn!(attempts, "parked for an operator: {note}; `idem recover` retries it");
+                tracing::warn!(
+                    attempts,
+                    "parked for an operator: {note}; `idem recover` retries it"
+                );
                 return Outcome::Parked;
             }
             Ok(Turn::Gone) => return Outcome::Gone,

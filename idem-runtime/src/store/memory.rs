@@ -205,7 +205,6 @@ impl MemoryStore {
         Ok(Claim::Acquired { fence, takeover })
     }
 
-
     fn now(&self) -> i64 {
         self.inner.clock.now_millis()
     }
@@ -392,7 +391,11 @@ impl Store for MemoryStore {
                 else {
                     continue;
                 };
-                if *lease_until <= now && &*r.scope == scope && r.parked.is_none() && r.next_at <= now {
+                if *lease_until <= now
+                    && &*r.scope == scope
+                    && r.parked.is_none()
+                    && r.next_at <= now
+                {
                     found.push(Abandoned {
                         key: *key,
                         fence: rec.fence,
@@ -411,11 +414,14 @@ impl Store for MemoryStore {
     async fn take_recovery(&self, key: &Key, turn: RecoveryTurn<'_>) -> Result<Turn, StoreError> {
         let now = self.now();
         let mut shard = self.shard(key);
-        let Some(rec) = shard.get_mut(key).filter(|r| is_live(r, now) && r.fence == turn.fence)
+        let Some(rec) = shard
+            .get_mut(key)
+            .filter(|r| is_live(r, now) && r.fence == turn.fence)
         else {
             return Ok(Turn::Gone);
         };
-        let (State::Processing { lease_until, .. }, Some(r)) = (&rec.state, &mut rec.recovery) else {
+        let (State::Processing { lease_until, .. }, Some(r)) = (&rec.state, &mut rec.recovery)
+        else {
             return Ok(Turn::Gone);
         };
         if *lease_until > now || r.parked.is_some() || (r.next_at > now && !turn.park_now) {

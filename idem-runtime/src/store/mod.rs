@@ -17,6 +17,7 @@ pub mod memory;
 /// backend outside this crate needs no dependency of its own for it:
 /// `#[idem_runtime::store::async_trait] impl Store for MyStore { … }`.
 pub use async_trait::async_trait;
+mod recovery;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
@@ -26,7 +27,6 @@ pub mod redis;
     doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
 )]
 pub mod sql;
-mod recovery;
 mod sweeper;
 pub mod tx;
 

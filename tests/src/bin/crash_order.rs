@@ -542,7 +542,10 @@ async fn work(svc: OrderService, args: &Args) -> Result<(), AppError> {
     let until = args
         .options
         .get("for-ms")
-        .map(|ms| ms.parse().map(|ms| Instant::now() + Duration::from_millis(ms)))
+        .map(|ms| {
+            ms.parse()
+                .map(|ms| Instant::now() + Duration::from_millis(ms))
+        })
         .transpose()
         .map_err(|_| AppError::Usage("--for-ms takes milliseconds".into()))?;
     let deadline = Instant::now() + GIVE_UP_AFTER;

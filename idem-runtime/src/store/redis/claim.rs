@@ -103,10 +103,7 @@ impl RedisStore {
         let mut invocation = RECLAIM.key(key);
         invocation.arg(head).arg(lease).arg(ttl);
         if let Some((hash, recovery)) = recovery {
-            invocation
-                .key(hash)
-                .arg(recovery.scope)
-                .arg(recovery.args);
+            invocation.key(hash).arg(recovery.scope).arg(recovery.args);
         }
         let reply: Value = invocation
             .invoke_async(&mut self.conn())

@@ -105,10 +105,7 @@ impl RedisStore {
             .reclaim_with(&key, Some((&hash, recovery)), &head, lease, ttl)
             .await?;
         if let Claim::Acquired { fence, .. } = claim {
-            self.hold_record(
-                req,
-                super::record::processing_at(&head, fence, ttl, lease),
-            );
+            self.hold_record(req, super::record::processing_at(&head, fence, ttl, lease));
         }
         Ok(claim)
     }
@@ -318,7 +315,10 @@ impl RedisStore {
         }))
     }
 
-    pub(super) async fn recovery_state(&self, key: &Key) -> Result<Option<RecoveryInfo>, StoreError> {
+    pub(super) async fn recovery_state(
+        &self,
+        key: &Key,
+    ) -> Result<Option<RecoveryInfo>, StoreError> {
         self.info_script(key, "read").await
     }
 

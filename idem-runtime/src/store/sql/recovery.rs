@@ -25,7 +25,8 @@ where
     for<'a> Vec<u8>: Decode<'a, R::Database> + Type<R::Database>,
 {
     let key: Vec<u8> = r.try_get("key")?;
-    let key = <[u8; 32]>::try_from(key.as_slice()).map_err(|_| corrupt("a key that is not 32 bytes"))?;
+    let key =
+        <[u8; 32]>::try_from(key.as_slice()).map_err(|_| corrupt("a key that is not 32 bytes"))?;
     Ok(Abandoned {
         key: Key::from_bytes(key),
         fence: u64::try_from(r.try_get::<i64, _>("fence")?).unwrap_or(0),

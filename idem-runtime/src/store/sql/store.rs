@@ -331,7 +331,10 @@ impl<D: Dialect> Core<D> {
         .await
     }
 
-    pub(crate) async fn recovery_info(&self, key: &Key) -> Result<Option<RecoveryInfo>, StoreError> {
+    pub(crate) async fn recovery_info(
+        &self,
+        key: &Key,
+    ) -> Result<Option<RecoveryInfo>, StoreError> {
         let read = async { D::recovery_info(&mut *self.conn().await?, &*self.clock, key).await };
         read.await.map_err(|e| self.err(e))
     }
