@@ -42,6 +42,41 @@ pub struct Abandoned {
 
 /// A worker's request to take its turn at an abandoned claim
 /// ([`Store::take_recovery`](super::Store::take_recovery)).
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_runtime::{Key, ManualClock};
+/// use idem_runtime::store::memory::MemoryStore;
+/// use idem_runtime::store::{Claim, ClaimRequest, RecoveryArgs, RecoveryTurn, Store, Token, Turn};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let clock = ManualClock::new(0);
+/// let store = MemoryStore::builder().clock(clock.clone()).build();
+/// let key = Key::builder("orders.create").part("c-1").finish();
+/// let req = ClaimRequest {
+///     key: &key,
+///     token: Token::random(),
+///     fingerprint: None,
+///     lease: Duration::from_secs(30),
+///     ttl: Duration::from_secs(3600),
+/// };
+/// let args = RecoveryArgs { scope: "orders.create", args: b"sealed" };
+/// let Claim::Acquired { fence, .. } = store.claim_recoverable(req, args).await? else { unreachable!() };
+/// clock.advance(Duration::from_secs(31)); // the owner died: its lease ran out
+/// let abandoned = store.abandoned("orders.create", 10).await?;
+/// assert_eq!(abandoned[0].key, key);
+/// let turn = RecoveryTurn {
+///     fence,
+///     retry_in: Duration::from_secs(10),
+///     max_attempts: 5,
+///     note: "gave up after 5 recoveries",
+///     park_now: false,
+/// };
+/// assert_eq!(store.take_recovery(&key, turn).await?, Turn::Run { attempt: 1 });
+/// assert_eq!(store.take_recovery(&key, turn).await?, Turn::Gone); // one turn at a time
+/// # Ok::<(), idem_runtime::StoreError>(())
+/// # }).unwrap();
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct RecoveryTurn<'a> {
     /// The fence the worker saw: the turn is refused once another owner took
