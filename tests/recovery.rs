@@ -356,3 +356,62 @@ async fn unusable_arguments_are_parked_and_unknown_scopes_reported() {
     assert_eq!((foreign.attempts, foreign.parked), (0, None));
     assert_eq!(w.stats().unregistered.get("billing.invoice"), Some(&1));
 }
+
+/// The README's "Recovery" example, line for line.
+mod readme {
+    use super::*;
+
+    #[derive(Clone)]
+    pub struct OrderService;
+
+    #[derive(Serialize, Deserialize)]
+    pub struct CreateOrder {
+        pub client_order_no: String,
+        pub qty: u32,
+    }
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    pub struct Order {
+        pub client_order_no: String,
+        pub qty: u32,
+    }
+
+    impl OrderService {
+        #[idempotent(scope = "orders.create", key = "req.client_order_no", final_err = AppError::is_final, recover)]
+        async fn create_order(&self, req: CreateOrder) -> Result<Order, AppError> {
+            self.order_flow(req).await // its steps, as any flow's
+        }
+
+        async fn order_flow(&self, req: CreateOrder) -> Result<Order, AppError> {
+            Ok(Order {
+                client_order_no: req.client_order_no,
+                qty: req.qty,
+            })
+        }
+    }
+
+    #[idempotent(scope = "orders.cancel", key = "client_order_no", recover)]
+    async fn cancel_order(client_order_no: String) -> Result<(), AppError> {
+        let _ = client_order_no;
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn the_readme_example_registers_and_runs() {
+        let store = MemoryStore::new();
+        // This binary's other tests pass their store explicitly.
+        idem_runtime::install(store.clone());
+        let service = OrderService;
+        // At start-up, one line per function, then the worker beside the service:
+        let recovery = Recovery::new()
+            .register(recoverable!(OrderService::create_order, service.clone())) // a method: the service it runs on
+            .register(recoverable!(cancel_order)); // a free fn
+        let worker = Worker::builder(store.clone(), recovery).build();
+        tokio::spawn(async move { worker.run().await });
+        let req = CreateOrder {
+            client_order_no: "c-1".into(),
+            qty: 2,
+        };
+        assert_eq!(service.create_order(req).await.unwrap().qty, 2);
+    }
+}
