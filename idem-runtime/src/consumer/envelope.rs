@@ -66,7 +66,7 @@ impl KeyPart for MessageId {
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// idem_runtime::install(MemoryStore::new());
-/// let runner = Runner::new("doc.envelope", "SHIP");
+/// let runner = Runner::new();
 /// let msg = || Memory::new(br#"{"order_id":"o-1"}"#).with_message_id("m-1");
 /// assert_eq!(runner.process(msg(), &ship).await.unwrap(), Action::Acked(Acked::Processed));
 /// assert_eq!(runner.process(msg(), &ship).await.unwrap(), Action::Acked(Acked::Deduplicated));

@@ -41,7 +41,7 @@
 //!     .ack_wait(Duration::from_secs(30))
 //!     .connect(&js)
 //!     .await?;
-//! let err = Runner::new("settlement.on_order_paid", "SETTLE").run(source, settle).await;
+//! let err = Runner::new().run(source, settle).await;
 //! # Ok(()) }
 //! ```
 

@@ -50,7 +50,7 @@
 //!
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 //! idem_runtime::install(MemoryStore::new());
-//! let runner = Runner::new("doc.settle", "SETTLE");
+//! let runner = Runner::new();
 //! let msg = br#"{"order_id":"o-1"}"#;
 //! let first = runner.process(Memory::new(msg), &settle).await.unwrap();
 //! let again = runner.process(Memory::new(msg), &settle).await.unwrap();
@@ -79,17 +79,30 @@ mod runner;
 pub mod testing;
 #[cfg(test)]
 mod tests;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
+mod transaction;
 
 pub use delivery::{Acked, Action, BrokerError, Delivery, Source};
 pub use envelope::{Envelope, FromDelivery, MessageId};
 pub use runner::{Runner, Stats};
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
+pub use transaction::TxError;
 
 use crate::protocol::report;
 
 /// Tells the runner that what the handler's annotated call recorded did not
 /// last: the caller's transaction carrying the record (`tx = tx`) failed to
 /// commit. The delivery then counts as a retryable failure instead of being
-/// acked on a record that does not exist.
+/// acked on a record that does not exist. [`Runner::run_in_tx`] does this
+/// itself; only a handler that begins and commits its own transaction needs it.
 ///
 /// ```
 /// # struct Tx; impl Tx { async fn commit(self) -> Result<(), std::io::Error> { Ok(()) } }

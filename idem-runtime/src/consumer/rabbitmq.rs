@@ -37,7 +37,7 @@
 //! let channel = conn.create_channel().await?;
 //! RabbitMqSource::declare(&channel, "orders").await?;
 //! let source = RabbitMqSource::builder("orders", "worker-1").prefetch(16).connect(channel).await?;
-//! let runner = Runner::new("settlement.on_order_paid", "SETTLE").concurrency(16);
+//! let runner = Runner::new().concurrency(16);
 //! let err = runner.run(source, settle).await;
 //! # Ok(()) }
 //! ```

@@ -32,7 +32,7 @@
 //! # async fn go() -> Result<(), Box<dyn std::error::Error>> {
 //! let client = redis::Client::open("redis://127.0.0.1:6379")?;
 //! let source = RedisStreamsSource::builder("orders", "settlement", "worker-1").connect(&client).await?;
-//! let runner = Runner::new("settlement.on_order_paid", "SETTLE");
+//! let runner = Runner::new();
 //! let err = runner.run(source, settle).await; // returns only when Redis fails
 //! # Ok(()) }
 //! ```

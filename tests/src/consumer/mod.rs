@@ -200,7 +200,7 @@ pub async fn settle(ledger: Arc<Ledger>, e: OrderPaid) -> Result<(), SettleError
 
 /// The runner the scenarios use: short delays so the suite is quick.
 pub fn runner() -> Runner {
-    Runner::new(SCOPE, EVENT)
+    Runner::new()
         .max_deliveries(3)
         .backoff(Duration::from_millis(100), Duration::from_millis(400))
         .in_progress_delay(Duration::from_millis(300))
