@@ -139,10 +139,14 @@ pub async fn parked(
         };
         next = m.sequence + 1;
         let header = |name: &str| m.headers.get(name).map(|v| v.as_str().to_owned());
-        let msg_id: &str = async_nats::header::NATS_MESSAGE_ID.as_ref();
         out.push(Parked {
             reason: header(REASON).unwrap_or_default(),
-            message_id: header(msg_id),
+            // By the constant: a name given as text never matches a standard
+            // header that the server's reply was parsed into.
+            message_id: m
+                .headers
+                .get(async_nats::header::NATS_MESSAGE_ID)
+                .map(|v| v.as_str().to_owned()),
             origin: header(STREAM),
             deliveries: header(DELIVERIES).and_then(|n| n.parse().ok()),
             parked_at: Some(m.time.into()),

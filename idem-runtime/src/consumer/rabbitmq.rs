@@ -125,9 +125,9 @@ pub async fn publish_raw(
 /// A queue cannot be read without taking messages, so this peeks: it takes
 /// them with `basic.get` unacked and hands each back (`basic.nack` with
 /// `requeue`), in place. If the channel closes in between, the broker hands
-/// them back itself: they stay parked either way. While the peek runs, another
-/// reader of the queue sees fewer. Remove one once handled by consuming it
-/// with an ack.
+/// them back itself: they stay parked either way. AMQP confirms no nack, so
+/// for a moment after this returns (and while it runs) another channel may
+/// count or see fewer. Remove one once handled by consuming it with an ack.
 ///
 /// ```no_run
 /// use idem_runtime::consumer::rabbitmq;
