@@ -49,7 +49,9 @@ impl Broker for Nats {
     type Src = JetStreamSource;
 
     async fn publish(&self, order: &OrderPaid) {
-        idem_jetstream::publish(&self.js, &self.subject, order).await.unwrap();
+        idem_jetstream::publish(&self.js, &self.subject, order)
+            .await
+            .unwrap();
     }
 
     async fn publish_raw(&self, body: &[u8], message_id: Option<&str>) {

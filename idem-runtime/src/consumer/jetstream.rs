@@ -127,7 +127,10 @@ pub async fn parked(
     parking_stream: &str,
     count: usize,
 ) -> Result<Vec<Parked>, BrokerError> {
-    let stream = js.get_stream_no_info(parking_stream).await.map_err(broker)?;
+    let stream = js
+        .get_stream_no_info(parking_stream)
+        .await
+        .map_err(broker)?;
     let mut out = Vec::new();
     let mut next = 1;
     while out.len() < count {

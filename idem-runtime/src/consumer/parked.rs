@@ -60,6 +60,12 @@ pub struct Parked {
 impl Parked {
     /// A parked message with nothing known beyond its body and reason: for a
     /// broker adapter of one's own, and for tests.
+    ///
+    /// ```
+    /// let mut p = idem_runtime::consumer::Parked::new(&b"{}"[..], "the handler's idempotent call refused it");
+    /// p.message_id = Some("m-1".into());
+    /// assert_eq!(p.deliveries, None);
+    /// ```
     pub fn new(payload: impl Into<Vec<u8>>, reason: impl Into<String>) -> Parked {
         Parked {
             payload: payload.into(),

@@ -128,6 +128,8 @@ pub async fn publish_raw(
 /// them back itself: they stay parked either way. AMQP confirms no nack, so
 /// for a moment after this returns (and while it runs) another channel may
 /// count or see fewer. Remove one once handled by consuming it with an ack.
+/// A queue that does not exist is a channel error in AMQP: it closes
+/// `channel`.
 ///
 /// ```no_run
 /// use idem_runtime::consumer::rabbitmq;
@@ -386,7 +388,11 @@ fn text(props: &BasicProperties, name: &str) -> Option<String> {
 }
 
 fn field<'a>(props: &'a BasicProperties, name: &str) -> Option<&'a AMQPValue> {
-    props.headers().as_ref()?.inner().get(&ShortString::from(name))
+    props
+        .headers()
+        .as_ref()?
+        .inner()
+        .get(&ShortString::from(name))
 }
 
 #[async_trait::async_trait]

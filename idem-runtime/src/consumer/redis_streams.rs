@@ -116,15 +116,28 @@ where
 /// Reading leaves them parked (`XRANGE`); remove one once handled with
 /// `XDEL <parking_stream> <position>`.
 ///
-/// ```no_run
-/// use idem_runtime::consumer::redis_streams;
+/// A poison message, from publishing to reading it parked (the README's
+/// example):
 ///
+/// ```no_run
+/// use idem_runtime::consumer::redis_streams::{self, RedisStreamsSource};
+/// use idem_runtime::consumer::{Runner, Source};
+///
+/// # #[derive(serde::Deserialize)] struct OrderPaid { order_id: String }
+/// # async fn settle(e: OrderPaid) -> Result<(), std::io::Error> { Ok(()) }
 /// # async fn go() -> Result<(), Box<dyn std::error::Error>> {
 /// let client = redis::Client::open("redis://127.0.0.1:6379")?;
 /// let mut conn = client.get_multiplexed_async_connection().await?;
-/// for p in redis_streams::parked(&mut conn, "orders:parked", 100).await? {
-///     println!("{:?} after {:?} deliveries: {}", p.message_id, p.deliveries, p.reason);
-/// }
+/// redis_streams::publish_raw(&mut conn, "orders", b"{\"order_id\": 7", Some("m-1")).await?;
+///
+/// let mut source = RedisStreamsSource::builder("orders", "settlement", "test-1").connect(&client).await?;
+/// let runner = Runner::new("settlement.on_order_paid", "SETTLE");
+/// runner.process(source.next().await?, &settle).await?; // parked: it does not decode
+///
+/// let parked = redis_streams::parked(&mut conn, "orders:parked", 10).await?;
+/// assert_eq!(parked[0].payload, b"{\"order_id\": 7");
+/// assert!(parked[0].reason.starts_with("undecodable: "));
+/// assert_eq!(parked[0].message_id.as_deref(), Some("m-1"));
 /// # Ok(()) }
 /// ```
 pub async fn parked<C>(

@@ -77,7 +77,8 @@ pub async fn failing_handler_is_parked_with_its_error<B: Broker>(broker: B) {
     let p = &parked[0];
     assert_eq!(p.payload, serde_json::to_vec(&o).unwrap(), "{p:?}");
     assert!(
-        p.reason.starts_with("failed 2 counted deliveries; the last: ")
+        p.reason
+            .starts_with("failed 2 counted deliveries; the last: ")
             && p.reason.contains("LedgerDown"),
         "{p:?}"
     );

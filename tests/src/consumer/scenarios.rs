@@ -127,7 +127,12 @@ pub async fn poison_is_parked<B: Broker>(broker: B) {
     );
     let stats = runner.stats();
     assert_eq!((stats.retried, stats.parked), (2, 2), "{stats:?}");
-    let mut reasons: Vec<String> = broker.parked().await.into_iter().map(|p| p.reason).collect();
+    let mut reasons: Vec<String> = broker
+        .parked()
+        .await
+        .into_iter()
+        .map(|p| p.reason)
+        .collect();
     reasons.sort();
     assert_eq!(reasons.len(), 2, "{reasons:?}");
     assert!(
@@ -399,7 +404,12 @@ pub async fn poison_is_parked_under_concurrency<B: Broker>(broker: B) {
     assert!(effects.values().all(|n| *n == 1), "{effects:?}");
     let stats = runner.stats();
     assert_eq!((stats.retried, stats.parked), (2, 2), "{stats:?}");
-    let mut reasons: Vec<String> = broker.parked().await.into_iter().map(|p| p.reason).collect();
+    let mut reasons: Vec<String> = broker
+        .parked()
+        .await
+        .into_iter()
+        .map(|p| p.reason)
+        .collect();
     reasons.sort();
     assert_eq!(reasons.len(), 2, "{reasons:?}");
     assert!(
