@@ -62,6 +62,11 @@
 //! Each broker is a [`Source`] of [`Delivery`]s: `redis_streams` (feature
 //! `redis-streams`), `rabbitmq` (feature `rabbitmq`) and `jetstream` (feature
 //! `jetstream`). Another broker needs only those two traits.
+//!
+//! Each of the three also has what a test or an operator needs around the
+//! runner: `publish_raw`, which publishes bytes as they are (a poison message
+//! is bytes that do not decode), and `parked`, which reads parked messages
+//! back as [`Parked`], with why.
 
 #[cfg(feature = "jetstream")]
 #[cfg_attr(docsrs, doc(cfg(feature = "jetstream")))]
@@ -75,6 +80,7 @@ pub mod redis_streams;
 
 mod delivery;
 mod envelope;
+mod parked;
 mod runner;
 pub mod testing;
 #[cfg(test)]
@@ -88,6 +94,7 @@ mod transaction;
 
 pub use delivery::{Acked, Action, BrokerError, Delivery, Source};
 pub use envelope::{Envelope, FromDelivery, MessageId};
+pub use parked::Parked;
 pub use runner::{Runner, Stats};
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 #[cfg_attr(
