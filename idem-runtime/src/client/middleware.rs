@@ -118,12 +118,15 @@ impl Middleware for IdempotencyMiddleware {
             let Some(wait) = self.policy.wait(retries, &outcome) else {
                 return outcome;
             };
-            match &outcome {
-                Ok(response) => {
-                    tracing::debug!(status = %response.status(), ?wait, retries, "retrying with the same key")
-                }
-                Err(error) => tracing::debug!(%error, ?wait, retries, "retrying with the same key"),
-            }
+            // The status or the kind of error, not the error itself: its
+            // message carries the URL, and a query string may hold a secret.
+            let failed = match &outcome {
+                Ok(response) => response.status().as_str().to_owned(),
+                Err(e) if e.is_timeout() => "timeout".to_owned(),
+                Err(e) if e.is_connect() => "connect".to_owned(),
+                Err(_) => "send".to_owned(),
+            };
+            tracing::debug!(failed, ?wait, retries, "retrying with the same key");
             drop(outcome);
             tokio::time::sleep(wait).await;
             req = spare;
