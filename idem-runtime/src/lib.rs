@@ -44,6 +44,9 @@
 // docs.rs builds with `--cfg docsrs` and marks each gated item with its feature.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "client")]
+#[cfg_attr(docsrs, doc(cfg(feature = "client")))]
+pub mod client;
 mod clock;
 pub mod consumer;
 mod error;
