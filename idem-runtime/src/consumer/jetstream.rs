@@ -36,13 +36,13 @@
 //! # #[derive(serde::Serialize, serde::Deserialize)] struct OrderPaid { order_id: String }
 //! # async fn settle(e: OrderPaid) -> Result<(), std::io::Error> { Ok(()) }
 //! # async fn go() -> Result<(), Box<dyn std::error::Error>> {
-//! let client = async_nats::connect("nats://127.0.0.1:4222").await?;
-//! let js = async_nats::jetstream::new(client);
+//! // NATS JetStream (feature `jetstream`)
+//! let js = async_nats::jetstream::new(async_nats::connect("nats://127.0.0.1:4222").await?);
 //! let source = JetStreamSource::builder("ORDERS", "settlement", "orders.parked")
 //!     .ack_wait(Duration::from_secs(30))
 //!     .connect(&js)
 //!     .await?;
-//! let err = Runner::new().run(source, settle).await;
+//! Runner::new().run(source, settle).await;
 //! # Ok(()) }
 //! ```
 

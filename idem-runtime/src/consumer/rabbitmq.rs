@@ -34,12 +34,12 @@
 //! # #[derive(serde::Serialize, serde::Deserialize)] struct OrderPaid { order_id: String }
 //! # async fn settle(e: OrderPaid) -> Result<(), std::io::Error> { Ok(()) }
 //! # async fn go() -> Result<(), Box<dyn std::error::Error>> {
+//! // RabbitMQ (feature `rabbitmq`)
 //! let conn = idem_runtime::consumer::rabbitmq::connect("amqp://guest:guest@127.0.0.1:5672/%2f").await?;
 //! let channel = conn.create_channel().await?;
 //! RabbitMqSource::declare(&channel, "orders").await?;
 //! let source = RabbitMqSource::builder("orders", "worker-1").prefetch(16).connect(channel).await?;
-//! let runner = Runner::new().concurrency(16);
-//! let err = runner.run(source, settle).await;
+//! Runner::new().concurrency(16).run(source, settle).await;
 //! # Ok(()) }
 //! ```
 

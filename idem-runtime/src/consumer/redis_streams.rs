@@ -29,12 +29,16 @@
 //! use idem_runtime::consumer::redis_streams::RedisStreamsSource;
 //!
 //! # #[derive(serde::Serialize, serde::Deserialize)] struct OrderPaid { order_id: String }
-//! # async fn settle(e: OrderPaid) -> Result<(), std::io::Error> { Ok(()) }
-//! # async fn go() -> Result<(), Box<dyn std::error::Error>> {
+//! # struct Settlement;
+//! # impl Settlement {
+//! #     async fn on_order_paid(&self, e: OrderPaid) -> Result<(), std::io::Error> { Ok(()) }
+//! # }
+//! # async fn go(svc: Settlement) -> Result<(), Box<dyn std::error::Error>> {
+//! // Redis Streams (feature `redis-streams`)
 //! let client = redis::Client::open("redis://127.0.0.1:6379")?;
 //! let source = RedisStreamsSource::builder("orders", "settlement", "worker-1").connect(&client).await?;
-//! let runner = Runner::new();
-//! let err = runner.run(source, settle).await; // returns only when Redis fails
+//! let runner = Runner::new().max_deliveries(5);
+//! runner.run(source, |e: OrderPaid| svc.on_order_paid(e)).await; // returns when the broker fails
 //! # Ok(()) }
 //! ```
 

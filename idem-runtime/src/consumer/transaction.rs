@@ -68,19 +68,17 @@ impl Runner {
     /// #[idempotent(consumer, event = "SETTLE", key = "e.order_id", tx = tx)]
     /// async fn settle(tx: &mut Transaction<'_, Postgres>, e: OrderPaid) -> Result<(), SettleError> {
     ///     sqlx::query("INSERT INTO settlements (order_id, amount_cents) VALUES ($1, $2)")
-    ///         .bind(&e.order_id)
-    ///         .bind(e.amount_cents)
-    ///         .execute(&mut **tx)
-    ///         .await?;
+    ///         .bind(&e.order_id).bind(e.amount_cents).execute(&mut **tx).await?;
     ///     Ok(())
     /// }
     ///
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let pool = sqlx::PgPool::connect("postgres://127.0.0.1/test").await?;
-    /// let client = redis::Client::open("redis://127.0.0.1")?;
-    /// let source = RedisStreamsSource::builder("orders.paid", "settlement", "worker-1")
-    ///     .connect(&client)
-    ///     .await?;
+    /// # let pool = sqlx::PgPool::connect("postgres://127.0.0.1/test").await?;
+    /// # let client = redis::Client::open("redis://127.0.0.1")?;
+    /// # let source = RedisStreamsSource::builder("orders.paid", "settlement", "worker-1")
+    /// #     .connect(&client)
+    /// #     .await?;
+    /// // the handler's future is boxed: it borrows the transaction and stays `Send`
     /// let err = Runner::new().run_in_tx(source, &pool, |tx, e| Box::pin(settle(tx, e))).await;
     /// # let _ = err; Ok(()) }
     /// ```

@@ -270,13 +270,16 @@ impl std::fmt::Debug for KeyCaller {
 /// # impl axum::response::IntoResponse for AppError {
 /// #     fn into_response(self) -> axum::response::Response { unreachable!() }
 /// # }
+/// # #[derive(serde::Deserialize)] struct Pay { amount_cents: u64 }
+/// # #[derive(serde::Serialize, serde::Deserialize)] struct Receipt { amount_cents: u64 }
+/// # async fn charge(req: &Pay) -> Result<Receipt, AppError> { Ok(Receipt { amount_cents: req.amount_cents }) }
 /// #[idempotent(key = "key")]
-/// async fn pay(key: IdempotencyKey) -> Result<Json<u64>, AppError> {
-///     Ok(Json(7))
+/// async fn pay(key: IdempotencyKey, Json(req): Json<Pay>) -> Result<Json<Receipt>, AppError> {
+///     Ok(Json(charge(&req).await?))
 /// }
 ///
 /// let app: Router = Router::new().route("/pay", post(pay)).layer(Extension(KeyCaller::new(
-///     |parts| parts.headers.get("x-tenant")?.to_str().ok().map(str::to_owned),
+///     |p| p.headers.get("x-tenant")?.to_str().ok().map(str::to_owned),
 /// )));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
