@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use async_nats::jetstream::{self, Context, stream};
-use futures_util::StreamExt;
-use idem_runtime::consumer::jetstream::JetStreamSource;
+use idem_runtime::consumer::Parked;
+use idem_runtime::consumer::jetstream::{self as idem_jetstream, JetStreamSource};
 use idem_tests::consumer::*;
 use idem_tests::services;
 
@@ -48,11 +48,14 @@ impl Nats {
 impl Broker for Nats {
     type Src = JetStreamSource;
 
-    async fn publish_raw(&self, body: Vec<u8>) {
-        self.js
-            .publish(self.subject.clone(), body.into())
+    async fn publish(&self, order: &OrderPaid) {
+        idem_jetstream::publish(&self.js, &self.subject, order)
             .await
-            .unwrap()
+            .unwrap();
+    }
+
+    async fn publish_raw(&self, body: &[u8], message_id: Option<&str>) {
+        idem_jetstream::publish_raw(&self.js, &self.subject, body, message_id)
             .await
             .unwrap();
     }
@@ -77,38 +80,14 @@ impl Broker for Nats {
         .unwrap()
     }
 
-    async fn parked(&self) -> Vec<(Vec<u8>, String)> {
-        let mut parked = self
-            .js
-            .get_stream(format!("{}_PARKED", self.stream))
+    async fn parked(&self) -> Vec<Parked> {
+        idem_jetstream::parked(&self.js, &format!("{}_PARKED", self.stream), 1000)
             .await
-            .unwrap();
-        let n = parked.info().await.unwrap().state.messages;
-        if n == 0 {
-            return Vec::new();
-        }
-        let consumer: jetstream::consumer::PullConsumer = parked
-            .create_consumer(jetstream::consumer::pull::Config::default())
-            .await
-            .unwrap();
-        let mut batch = consumer
-            .fetch()
-            .max_messages(n as usize)
-            .messages()
-            .await
-            .unwrap();
-        let mut reasons = Vec::new();
-        while let Some(m) = batch.next().await {
-            let m = m.unwrap();
-            let reason = m
-                .headers
-                .as_ref()
-                .and_then(|h| h.get("Idem-Reason"))
-                .map(|v| v.to_string())
-                .unwrap_or_default();
-            reasons.push((m.payload.to_vec(), reason));
-        }
-        reasons
+            .unwrap()
+    }
+
+    fn origin(&self) -> String {
+        self.stream.clone()
     }
 
     async fn drained(&self) -> bool {
@@ -197,4 +176,16 @@ async fn one_key_twice_in_flight_runs_once() {
 async fn poison_is_parked_under_concurrency() {
     let Some(b) = Nats::new().await else { return };
     idem_tests::consumer::poison_is_parked_under_concurrency(b).await;
+}
+
+#[tokio::test]
+async fn undecodable_bytes_are_parked_as_published() {
+    let Some(b) = Nats::new().await else { return };
+    idem_tests::consumer::undecodable_bytes_are_parked_as_published(b).await;
+}
+
+#[tokio::test]
+async fn failing_handler_is_parked_with_its_error() {
+    let Some(b) = Nats::new().await else { return };
+    idem_tests::consumer::failing_handler_is_parked_with_its_error(b).await;
 }

@@ -4,12 +4,12 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use futures_util::StreamExt;
+use idem_runtime::consumer::Parked;
 use idem_runtime::consumer::rabbitmq::{self, RabbitMqSource};
 use idem_tests::consumer::*;
 use idem_tests::services;
-use lapin::options::{BasicConsumeOptions, QueueDeclareOptions, QueueDeleteOptions};
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 
 struct Rabbit {
@@ -57,12 +57,14 @@ impl Rabbit {
 impl Broker for Rabbit {
     type Src = RabbitMqSource;
 
-    async fn publish_raw(&self, body: Vec<u8>) {
-        let props = lapin::BasicProperties::default().with_delivery_mode(2);
-        self.channel
-            .basic_publish("", &self.queue, Default::default(), &body, props)
+    async fn publish(&self, order: &OrderPaid) {
+        rabbitmq::publish(&self.channel, &self.queue, order)
             .await
-            .unwrap()
+            .unwrap();
+    }
+
+    async fn publish_raw(&self, body: &[u8], message_id: Option<&str>) {
+        rabbitmq::publish_raw(&self.channel, &self.queue, body, message_id)
             .await
             .unwrap();
     }
@@ -85,36 +87,18 @@ impl Broker for Rabbit {
         source
     }
 
-    async fn parked(&self) -> Vec<(Vec<u8>, String)> {
-        let parked = format!("{}.parked", self.queue);
-        let n = self.ready(&parked).await;
-        // Unacked: closing the channel puts them back, still parked.
-        let channel = self.conn.create_channel().await.unwrap();
-        let mut consumer = channel
-            .basic_consume(
-                &parked,
-                "inspector",
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
+    async fn parked(&self) -> Vec<Parked> {
+        rabbitmq::parked(&self.channel, &format!("{}.parked", self.queue), 1000)
             .await
-            .unwrap();
-        let mut reasons = Vec::new();
-        for _ in 0..n {
-            let d = consumer.next().await.unwrap().unwrap();
-            let reason = d
-                .properties
-                .headers()
-                .as_ref()
-                .and_then(|h| h.inner().get("x-idem-reason").cloned());
-            let reason = match reason {
-                Some(AMQPValue::LongString(s)) => s.to_string(),
-                other => format!("{other:?}"),
-            };
-            reasons.push((d.data, reason));
-        }
-        let _ = channel.close(200, "done").await;
-        reasons
+            .unwrap()
+    }
+
+    fn origin(&self) -> String {
+        self.queue.clone()
+    }
+
+    fn parking_is_a_stream(&self) -> bool {
+        false
     }
 
     async fn drained(&self) -> bool {
@@ -223,4 +207,16 @@ async fn one_key_twice_in_flight_runs_once() {
 async fn poison_is_parked_under_concurrency() {
     let Some(b) = Rabbit::new().await else { return };
     idem_tests::consumer::poison_is_parked_under_concurrency(b).await;
+}
+
+#[tokio::test]
+async fn undecodable_bytes_are_parked_as_published() {
+    let Some(b) = Rabbit::new().await else { return };
+    idem_tests::consumer::undecodable_bytes_are_parked_as_published(b).await;
+}
+
+#[tokio::test]
+async fn failing_handler_is_parked_with_its_error() {
+    let Some(b) = Rabbit::new().await else { return };
+    idem_tests::consumer::failing_handler_is_parked_with_its_error(b).await;
 }

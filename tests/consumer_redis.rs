@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use idem_runtime::consumer::Parked;
 use idem_runtime::consumer::redis_streams::{self, RedisStreamsSource};
 use idem_tests::consumer::*;
 use idem_tests::services;
@@ -42,13 +43,14 @@ impl Streams {
 impl Broker for Streams {
     type Src = RedisStreamsSource;
 
-    async fn publish_raw(&self, body: Vec<u8>) {
-        let _: String = redis::cmd("XADD")
-            .arg(&self.stream)
-            .arg("*")
-            .arg(redis_streams::PAYLOAD_FIELD)
-            .arg(body)
-            .query_async(&mut self.conn.clone())
+    async fn publish(&self, order: &OrderPaid) {
+        redis_streams::publish(&mut self.conn.clone(), &self.stream, order)
+            .await
+            .unwrap();
+    }
+
+    async fn publish_raw(&self, body: &[u8], message_id: Option<&str>) {
+        redis_streams::publish_raw(&mut self.conn.clone(), &self.stream, body, message_id)
             .await
             .unwrap();
     }
@@ -69,25 +71,14 @@ impl Broker for Streams {
             .unwrap()
     }
 
-    async fn parked(&self) -> Vec<(Vec<u8>, String)> {
-        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-            .arg(self.parking())
-            .arg("-")
-            .arg("+")
-            .query_async(&mut self.conn.clone())
+    async fn parked(&self) -> Vec<Parked> {
+        redis_streams::parked(&mut self.conn.clone(), &self.parking(), 1000)
             .await
-            .unwrap();
-        reply
-            .ids
-            .iter()
-            .map(|e| {
-                (
-                    e.get::<Vec<u8>>(redis_streams::PAYLOAD_FIELD)
-                        .unwrap_or_default(),
-                    e.get::<String>("reason").unwrap_or_default(),
-                )
-            })
-            .collect()
+            .unwrap()
+    }
+
+    fn origin(&self) -> String {
+        self.stream.clone()
     }
 
     async fn drained(&self) -> bool {
@@ -208,4 +199,20 @@ async fn poison_is_parked_under_concurrency() {
         return;
     };
     idem_tests::consumer::poison_is_parked_under_concurrency(b).await;
+}
+
+#[tokio::test]
+async fn undecodable_bytes_are_parked_as_published() {
+    let Some(b) = Streams::new().await else {
+        return;
+    };
+    idem_tests::consumer::undecodable_bytes_are_parked_as_published(b).await;
+}
+
+#[tokio::test]
+async fn failing_handler_is_parked_with_its_error() {
+    let Some(b) = Streams::new().await else {
+        return;
+    };
+    idem_tests::consumer::failing_handler_is_parked_with_its_error(b).await;
 }

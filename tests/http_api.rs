@@ -6,7 +6,7 @@ mod http_api;
 
 use std::time::Duration;
 
-use http_api::{App, Order, router};
+use http_api::{App, Order, Payment, fake_psp, router};
 use idem_runtime::store::StoreRef;
 use idem_runtime::store::sql::SqliteStore;
 use reqwest::StatusCode;
@@ -14,7 +14,7 @@ use serde_json::json;
 
 async fn serve(work: Duration) -> String {
     let store = SqliteStore::in_memory().await.unwrap();
-    let app = App::new(StoreRef::new(store), work);
+    let app = App::new(StoreRef::new(store), work, fake_psp().await);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, router(app)).await.unwrap() });
@@ -228,4 +228,53 @@ async fn the_business_key_route_replays_with_the_attribute() {
     assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(other.headers()["content-type"], "application/problem+json");
     assert_eq!(orders(&c, &base).await.len(), 1);
+}
+
+/// `POST /payments`: two steps and a provider call through the middleware.
+/// The provider fails each new charge once with 503: the middleware retries
+/// it with the same derived key, so one charge is made from two requests; a
+/// client retry of the payment replays it (`Location` included) and reaches
+/// neither the steps nor the provider; another amount under the key is 422.
+#[tokio::test]
+async fn a_payment_charges_once_through_the_middlewares_retry_and_replays() {
+    let store = SqliteStore::in_memory().await.unwrap();
+    let psp = fake_psp().await;
+    let app = App::new(StoreRef::new(store), Duration::ZERO, psp.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn({
+        let app = app.clone();
+        async move { axum::serve(listener, router(app)).await.unwrap() }
+    });
+    let c = reqwest::Client::new();
+    let pay = |amount: u64| {
+        c.post(format!("{base}/payments"))
+            .header("x-tenant", "acme")
+            .header("idempotency-key", "pay-1")
+            .json(&json!({"order_id": 7, "amount_cents": amount, "currency": "EUR"}))
+            .send()
+    };
+    let charges = || async {
+        let r = c.get(format!("{psp}/charges/count")).send().await.unwrap();
+        r.json::<serde_json::Value>().await.unwrap()
+    };
+
+    let first = pay(1250).await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let location = first.headers()["location"].to_str().unwrap().to_owned();
+    let payment: Payment = first.json().await.unwrap();
+    assert_eq!(location, format!("/payments/{}", payment.id));
+    assert_eq!(charges().await, json!({"charges": 1, "requests": 2}));
+
+    let again = pay(1250).await.unwrap();
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.headers()["location"].to_str().unwrap(), location);
+    assert_eq!(again.json::<Payment>().await.unwrap(), payment);
+    assert_eq!(charges().await, json!({"charges": 1, "requests": 2}));
+    assert_eq!(app.holds.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+    let other = pay(9999).await.unwrap();
+    assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(charges().await, json!({"charges": 1, "requests": 2}));
 }

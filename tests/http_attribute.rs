@@ -317,4 +317,78 @@ mod axum_handlers {
         assert_eq!(r.status(), StatusCode::BAD_REQUEST);
         assert_eq!(bank.runs.load(SeqCst), 0);
     }
+
+    /// `(StatusCode, HeaderMap, Json<T>)`: the handler sets `Location` and a
+    /// custom header (and a cookie, which must not be replayed).
+    #[idempotent(key = "key", store = bank.store)]
+    async fn open_account(
+        State(bank): State<Arc<Bank>>,
+        key: IdempotencyKey,
+    ) -> Result<(axum::http::StatusCode, axum::http::HeaderMap, Json<Receipt>), AppError> {
+        let run = bank.runs.fetch_add(1, SeqCst) + 1;
+        let mut headers = axum::http::HeaderMap::new();
+        headers.insert("location", format!("/accounts/{run}").parse().unwrap());
+        headers.append("x-audit", "first".parse().unwrap());
+        headers.append("x-audit", "second".parse().unwrap());
+        headers.insert("set-cookie", "session=abc".parse().unwrap());
+        Ok((
+            axum::http::StatusCode::CREATED,
+            headers,
+            Json(Receipt { run, cents: 0 }),
+        ))
+    }
+
+    /// `(HeaderMap, Json<T>)`: 200 with the handler's header.
+    #[idempotent(key = "key", store = bank.store)]
+    async fn touch(
+        State(bank): State<Arc<Bank>>,
+        key: IdempotencyKey,
+    ) -> Result<(axum::http::HeaderMap, Json<Receipt>), AppError> {
+        let run = bank.runs.fetch_add(1, SeqCst) + 1;
+        let mut headers = axum::http::HeaderMap::new();
+        headers.insert("etag", format!("\"v{run}\"").parse().unwrap());
+        Ok((headers, Json(Receipt { run, cents: 0 })))
+    }
+
+    #[tokio::test]
+    async fn a_handler_returning_headers_has_them_replayed_except_set_cookie() {
+        let bank = bank();
+        let app = Router::new()
+            .route("/accounts", post(open_account))
+            .route("/touch", post(touch))
+            .layer(ReplayedHeaderLayer)
+            .layer(by_tenant())
+            .with_state(bank.clone());
+        let base = serve_app(app).await;
+        let c = reqwest::Client::new();
+        let send = |path: &'static str| {
+            c.post(format!("{base}{path}"))
+                .header("x-tenant", "t")
+                .header("idempotency-key", "h-1")
+                .send()
+        };
+        let first = send("/accounts").await.unwrap();
+        assert_eq!(first.status(), StatusCode::CREATED);
+        assert_eq!(first.headers()["location"], "/accounts/1");
+        assert!(first.headers().get("set-cookie").is_some());
+        let again = send("/accounts").await.unwrap();
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        assert_eq!(again.status(), StatusCode::CREATED);
+        assert_eq!(again.headers()["location"], "/accounts/1");
+        let audit: Vec<_> = again.headers().get_all("x-audit").iter().collect();
+        assert_eq!(audit, ["first", "second"]);
+        // A session minted for the first exchange is not handed to a retry.
+        assert!(again.headers().get("set-cookie").is_none());
+        assert_eq!(again.json::<Receipt>().await.unwrap().run, 1);
+        assert_eq!(bank.runs.load(SeqCst), 1);
+
+        let first = send("/touch").await.unwrap();
+        assert_eq!(first.status(), StatusCode::OK);
+        assert_eq!(first.headers()["etag"], "\"v2\"");
+        let again = send("/touch").await.unwrap();
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        assert_eq!(again.status(), StatusCode::OK);
+        assert_eq!(again.headers()["etag"], "\"v2\"");
+        assert_eq!(bank.runs.load(SeqCst), 2);
+    }
 }

@@ -726,3 +726,79 @@ async fn a_panicking_handler_holds_the_key_until_its_lease_ends() {
     );
     assert_eq!(counter.runs.load(SeqCst), 2);
 }
+
+/// Steps under the layer: the handler's `#[step]` is recorded under the
+/// layer's key, so a retry after a 5xx (which releases the key) replays the
+/// step instead of running it again, and `current_key()` is the same key on
+/// both runs; inside the step it is the step's own key.
+mod steps_under_the_layer {
+    use super::*;
+
+    #[derive(Default)]
+    struct Shop {
+        reserved: AtomicUsize,
+        attempts: AtomicUsize,
+        keys: std::sync::Mutex<Vec<(String, String)>>,
+    }
+
+    #[derive(Debug)]
+    struct StepError;
+    impl From<idem_runtime::Error> for StepError {
+        fn from(e: idem_runtime::Error) -> Self {
+            panic!("idem failed inside the test's step: {e}")
+        }
+    }
+
+    /// Reserves once per request; returns the key it saw inside the step.
+    #[idem_runtime::step("reserve")]
+    async fn reserve(shop: &Shop) -> Result<String, StepError> {
+        shop.reserved.fetch_add(1, SeqCst);
+        Ok(idem_runtime::current_key()
+            .expect("inside the step")
+            .to_hex())
+    }
+
+    /// Fails with 503 after the step on its first attempt.
+    async fn checkout(State(shop): State<Arc<Shop>>) -> (StatusCode, String) {
+        let outer = idem_runtime::current_key()
+            .expect("the layer's call is running")
+            .to_hex();
+        let inner = reserve(&shop).await.unwrap();
+        shop.keys.lock().unwrap().push((outer, inner));
+        if shop.attempts.fetch_add(1, SeqCst) == 0 {
+            return (StatusCode::SERVICE_UNAVAILABLE, "try again".into());
+        }
+        (StatusCode::CREATED, "ok".into())
+    }
+
+    #[tokio::test]
+    async fn a_retry_after_a_5xx_replays_the_finished_step() {
+        let shop = Arc::new(Shop::default());
+        let app = Router::new()
+            .route("/checkout", post(checkout))
+            .layer(layer(StoreRef::new(MemoryStore::new())))
+            .with_state(shop.clone());
+        let base = serve_app(app).await;
+        let c = reqwest::Client::new();
+        let k = key();
+        let send = || {
+            c.post(format!("{base}/checkout"))
+                .header("x-tenant", "t")
+                .header("idempotency-key", &k)
+                .send()
+        };
+        assert_eq!(
+            send().await.unwrap().status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(send().await.unwrap().status(), StatusCode::CREATED);
+        assert_eq!(shop.attempts.load(SeqCst), 2, "the 503 released the key");
+        assert_eq!(shop.reserved.load(SeqCst), 1, "the retry replayed the step");
+        let keys = shop.keys.lock().unwrap().clone();
+        assert_eq!(keys[0], keys[1], "the same keys on both runs");
+        assert_ne!(keys[0].0, keys[0].1, "a step has a key of its own");
+        // A third request is a replay of the stored 201: nothing runs.
+        assert_eq!(send().await.unwrap().status(), StatusCode::CREATED);
+        assert_eq!(shop.attempts.load(SeqCst), 2);
+    }
+}

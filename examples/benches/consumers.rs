@@ -17,7 +17,7 @@
 //! clock runs from the consumer's first fetch to its last ack. Every message
 //! is one PostgreSQL transaction:
 //!
-//! - **idem**: `Runner::new(..).concurrency(c).run(source, handler)`, the
+//! - **idem**: `Runner::new().concurrency(c).run(source, handler)`, the
 //!   handler `BEGIN`, an `#[idempotent(consumer, tx = tx)]` call inserting the
 //!   settlement, `COMMIT` (5 statements: the claim and the record are two);
 //! - **hand-written**: the same client's stream of messages driven by
@@ -126,7 +126,7 @@ async fn reference_tx(pool: &PgPool, e: &OrderPaid) -> Result<(), BenchError> {
 /// Runs idem's consumer until `n` messages are acked; with `store` false its
 /// handler is the hand-written transaction (the runner and the adapter alone).
 async fn idem_side<S: Source>(source: S, pool: &PgPool, c: usize, n: u64, store: bool) -> Duration {
-    let runner = Runner::new("bench.consumers.settle", "SETTLE").concurrency(c);
+    let runner = Runner::new().concurrency(c);
     let started = Instant::now();
     let run = runner.run(source, |e: OrderPaid| async move {
         if store {

@@ -378,7 +378,7 @@ async fn relay_and_consume(
         round.claimed, round.published
     );
 
-    let runner = Runner::new("orders.ship", "SHIP");
+    let runner = Runner::new();
     let ship = |m: Envelope<OrderCreated>| svc.ship(m);
     while let Ok(m) = inbox.try_recv() {
         let order: OrderCreated = serde_json::from_slice(&m.payload)?;

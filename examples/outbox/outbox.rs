@@ -134,7 +134,7 @@ async fn consumer_process(schema: &str, stream: &str) -> Result<(), BoxError> {
         .block(Duration::from_millis(200))
         .connect(&client)
         .await?;
-    let runner = Runner::new("example.outbox.ship", "SHIP");
+    let runner = Runner::new();
     let handler = |m: Envelope<OrderCreated>| {
         let pool = pool.clone();
         async move {

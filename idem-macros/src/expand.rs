@@ -234,6 +234,7 @@ pub(crate) fn idempotent(plan: &Plan<'_>, func: &ItemFn, krate: &Path) -> TokenS
         .event
         .as_ref()
         .map(|e: &LitStr| quote!(#krate::__private::key_part(&mut __idem_key, #e);));
+    let event_label = plan.event.as_ref().map(|e: &LitStr| quote!(.event(#e)));
     let key_parts = plan.key.iter().map(|seg| {
         let expr = segment_expr(seg);
         let k = respan(krate, seg.span);
@@ -310,7 +311,8 @@ pub(crate) fn idempotent(plan: &Plan<'_>, func: &ItemFn, krate: &Path) -> TokenS
             const __IDEM_SPEC: #krate::__private::Spec = #krate::__private::Spec::new(#scope, #kind)
                 .ttl(#krate::__private::Duration::from_millis(#ttl))
                 .lease(#krate::__private::Duration::from_millis(#lease))
-                #wait;
+                #wait
+                #event_label;
             #checks
             #dispatch
             let __idem_key = {

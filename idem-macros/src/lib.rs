@@ -297,20 +297,28 @@ pub fn recoverable(input: TokenStream) -> TokenStream {
 /// same misuse checks as the segments of `#[idempotent]`.
 ///
 /// ```
-/// use idem_runtime::{Key, KeyPart};
+/// use idem_runtime::{Key, KeyPart, idempotent};
+/// # #[derive(Debug)] struct AppError;
+/// # impl From<idem_runtime::Error> for AppError { fn from(_: idem_runtime::Error) -> Self { AppError } }
+/// # async fn insert_line(_: &OrderLine, _: &Payer) -> Result<u64, AppError> { Ok(1) }
 ///
 /// #[derive(KeyPart)]
 /// struct OrderLine { sku: String, warehouse: u32 }
 ///
 /// #[derive(KeyPart)]
-/// struct Sku(u64); // a newtype keys like the value it wraps
+/// enum Payer { Account { user_id: u64 }, Card(String) }
 ///
 /// #[derive(KeyPart)]
-/// enum Target { Account { user_id: u64 }, Card(String), Anonymous }
+/// struct Sku(u64); // a newtype keys exactly like the u64 it wraps
+///
+/// #[idempotent(scope = "orders.line", key = "line|payer")]
+/// async fn add_line(line: OrderLine, payer: Payer) -> Result<u64, AppError> {
+///     insert_line(&line, &payer).await
+/// }
 ///
 /// let line = OrderLine { sku: "SKU-1".into(), warehouse: 3 };
-/// let a = Key::builder("orders").part(&line).part(&Target::Card("4242".into())).finish();
-/// let b = Key::builder("orders").part(&line).part(&Target::Account { user_id: 4242 }).finish();
+/// let a = Key::builder("orders").part(&line).part(&Payer::Card("4242".into())).finish();
+/// let b = Key::builder("orders").part(&line).part(&Payer::Account { user_id: 4242 }).finish();
 /// assert_ne!(a, b);
 /// assert_eq!(
 ///     Key::builder("s").part(&Sku(7)).finish(),

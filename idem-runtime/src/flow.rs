@@ -168,6 +168,7 @@ impl FlowContext {
             ttl: self.ttl,
             lease: self.lease,
             wait: Some(self.lease),
+            event: None,
         }
     }
 

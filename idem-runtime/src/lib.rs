@@ -8,33 +8,66 @@
 //!
 //! ```
 //! use idem_runtime::{idempotent, step};
+//! # use std::sync::atomic::{AtomicU32, Ordering};
+//! # #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+//! # struct Order { id: u64, sku: u64 }
+//! # #[derive(serde::Serialize, serde::Deserialize)]
+//! # struct StockTicket(u64);
+//! # struct CreateOrder { user_id: u64, sku: u64, qty: u32, client_order_no: String }
+//! # #[derive(serde::Deserialize)]
+//! # struct OrderPaid { order_id: String }
+//! # #[derive(Debug)]
+//! # struct AppError(idem_runtime::Error);
+//! # impl From<idem_runtime::Error> for AppError { fn from(e: idem_runtime::Error) -> Self { AppError(e) } }
+//! # type SettleError = AppError;
+//! # #[derive(Default)]
+//! # struct Inventory { reserved: AtomicU32 }
+//! # impl Inventory {
+//! #     async fn reserve(&self, _sku: u64, qty: u32) -> Result<StockTicket, AppError> {
+//! #         Ok(StockTicket(self.reserved.fetch_add(qty, Ordering::SeqCst).into()))
+//! #     }
+//! # }
+//! # #[derive(Default)]
+//! # struct Ledger;
+//! # impl Ledger { async fn settle(&self, _e: &OrderPaid) -> Result<(), SettleError> { Ok(()) } }
+//! # #[derive(Default)]
+//! # struct Shop { inventory: Inventory, ledger: Ledger }
+//! # impl Shop {
+//!
+//! #[idempotent(scope = "orders.create", key = "req.user_id|req.sku|req.client_order_no", ttl = "24h")]
+//! async fn create_order(&self, req: CreateOrder) -> Result<Order, AppError> {
+//!     let ticket = self.deduct_stock(req.sku, req.qty).await?; // a step
+//!     let order = self.insert_order(&req, ticket).await?;        // a step
+//!     self.issue_coupon(order.id).await?;                        // a step
+//!     Ok(order)
+//! }
+//!
+//! #[step("deduct_stock")]
+//! async fn deduct_stock(&self, sku: u64, qty: u32) -> Result<StockTicket, AppError> {
+//!     self.inventory.reserve(sku, qty).await
+//! }
+//!
+//! #[idempotent(scope = "settlement.on_order_paid", consumer, event = "SETTLE", key = "e.order_id")]   // ttl defaults to 7d
+//! async fn on_order_paid(&self, e: OrderPaid) -> Result<(), SettleError> {
+//!     self.ledger.settle(&e).await
+//! }
+//! # #[step("insert_order")]
+//! # async fn insert_order(&self, req: &CreateOrder, ticket: StockTicket) -> Result<Order, AppError> {
+//! #     Ok(Order { id: ticket.0 + 1, sku: req.sku })
+//! # }
+//! # #[step("issue_coupon")]
+//! # async fn issue_coupon(&self, _order_id: u64) -> Result<(), AppError> { Ok(()) }
+//! # }
+//!
 //! use idem_runtime::store::memory::MemoryStore;
-//!
-//! #[derive(Debug)]
-//! enum AppError { Idem(idem_runtime::Error), OutOfStock }
-//! impl From<idem_runtime::Error> for AppError {
-//!     fn from(e: idem_runtime::Error) -> Self { AppError::Idem(e) }
-//! }
-//!
-//! struct CreateOrder { user_id: u64, sku: String, client_order_no: String }
-//!
-//! #[idempotent(key = "req.user_id|req.sku|req.client_order_no", ttl = "24h")]
-//! async fn create_order(req: CreateOrder) -> Result<u64, AppError> {
-//!     let ticket = reserve_stock(&req.sku).await?;
-//!     Ok(ticket * 10)
-//! }
-//!
-//! #[step("reserve_stock")]
-//! async fn reserve_stock(sku: &str) -> Result<u64, AppError> {
-//!     if sku.is_empty() { return Err(AppError::OutOfStock); }
-//!     Ok(42)
-//! }
 //!
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 //! idem_runtime::install(MemoryStore::new());
-//! let req = || CreateOrder { user_id: 1, sku: "SKU-1".into(), client_order_no: "c-1".into() };
-//! assert_eq!(create_order(req()).await.unwrap(), 420);
-//! assert_eq!(create_order(req()).await.unwrap(), 420); // replayed
+//! let shop = Shop::default();
+//! let req = || CreateOrder { user_id: 1, sku: 42, qty: 2, client_order_no: "c-1".into() };
+//! let order = shop.create_order(req()).await.unwrap();
+//! assert_eq!(shop.create_order(req()).await.unwrap(), order); // replayed
+//! assert_eq!(shop.inventory.reserved.load(Ordering::SeqCst), 2); // the stock moved once
 //! # });
 //! ```
 //!
@@ -44,6 +77,9 @@
 // docs.rs builds with `--cfg docsrs` and marks each gated item with its feature.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "client")]
+#[cfg_attr(docsrs, doc(cfg(feature = "client")))]
+pub mod client;
 mod clock;
 pub mod consumer;
 mod error;

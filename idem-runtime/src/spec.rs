@@ -44,6 +44,9 @@ pub struct Spec {
     pub lease: Duration,
     /// How long a duplicate waits for the first call before `InProgress`.
     pub wait: Option<Duration>,
+    /// A consumer's event type (the attribute's `event`): the first part of
+    /// its key, and with `scope` the labels of the consumer runner's metrics.
+    pub event: Option<&'static str>,
 }
 
 impl Spec {
@@ -60,6 +63,7 @@ impl Spec {
             ttl,
             lease: Duration::from_secs(30),
             wait: None,
+            event: None,
         }
     }
 
@@ -78,6 +82,13 @@ impl Spec {
     /// Makes duplicates wait up to `wait` for the first call's result.
     pub const fn wait(mut self, wait: Duration) -> Spec {
         self.wait = Some(wait);
+        self
+    }
+
+    /// Names the consumer's event type. It labels the runner's metrics; it
+    /// does not enter the key (the attribute adds it to the key itself).
+    pub const fn event(mut self, event: &'static str) -> Spec {
+        self.event = Some(event);
         self
     }
 }

@@ -27,6 +27,31 @@
 //! Both take any sqlx executor: a pool, a connection, or `&mut *tx` inside
 //! the caller's transaction (they never raise an error on a duplicate, so the
 //! transaction stays usable).
+//!
+//! ```
+//! # #[cfg(all(feature = "sqlite", feature = "postgres"))] mod doc {
+//! # use sqlx::{Postgres, Sqlite};
+//! # async fn go(
+//! #     mut tx: sqlx::Transaction<'static, Sqlite>,
+//! #     pool: sqlx::PgPool,
+//! #     (uid, no, sku, qty, order_id): (i64, String, String, i64, i64),
+//! # ) -> Result<(), sqlx::Error> {
+//! use idem_runtime::unique::{InsertOnce, Transition};
+//!
+//! let ledger = InsertOnce::<Sqlite>::new(
+//!     "orders.stock_ledger",
+//!     "INSERT INTO stock_ledger (user_id, client_order_no, sku, delta) VALUES (?1, ?2, ?3, ?4)",
+//!     &["user_id", "client_order_no", "sku"],
+//! )?;
+//! if ledger.run(&mut *tx, |q| q.bind(uid).bind(&no).bind(&sku).bind(-qty)).await? {
+//!     // the row is new: move the stock
+//! }
+//! let pay = Transition::<Postgres>::new("orders.pay", "orders", "id", "status")?;
+//! pay.run(&pool, order_id, "unpaid", "paid").await?; // false: already paid
+//! # Ok(())
+//! # }
+//! # }
+//! ```
 
 use std::marker::PhantomData;
 

@@ -36,7 +36,7 @@ pub fn applied(id: &str) -> u32 {
 
 pub fn runner() -> Runner {
     super::scenarios::install_memory_store();
-    Runner::new("tests.outbox.apply", "APPLY")
+    Runner::new()
 }
 
 /// Processes `n` deliveries from `source`.

@@ -127,3 +127,51 @@ fn opening_and_migrating_can_be_spawned(url: String, options: PgConnectOptions, 
     };
     send(store);
 }
+
+/// The README's way to keep idem's tables in a schema of their own: the
+/// store connects with that schema as its `search_path` (written in the URL)
+/// and creates its tables there, and the application's connections reach
+/// them through their own `search_path`, so a claim on the application's
+/// transaction (`tx = tx`) lands in the same table.
+#[tokio::test]
+async fn a_search_path_in_the_url_keeps_the_tables_in_their_own_schema() {
+    let Some(idem) = Schema::create("url_idem").await else {
+        return;
+    };
+    let app = Schema::create("url_app").await.expect("a second schema");
+    let base = idem_tests::services::postgres_url();
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let url = format!("{base}{sep}options=-c%20search_path%3D{}", idem.name);
+    let store = PgStore::connect(&url).await.expect("store");
+    let found: Option<String> = sqlx::query_scalar(&format!(
+        "SELECT to_regclass('{}.idem_records')::text",
+        idem.name
+    ))
+    .fetch_one(&idem.admin)
+    .await
+    .unwrap();
+    assert!(found.is_some(), "idem_records is not in {}", idem.name);
+
+    // The application's pool: its own schema first, idem's after it.
+    let app_url = format!(
+        "{base}{sep}options=-c%20search_path%3D{},{}",
+        app.name, idem.name
+    );
+    let pool = PgPool::connect(&app_url).await.expect("app pool");
+    let key = fresh_key("url_path");
+    let mut tx = pool.begin().await.unwrap();
+    let claim = idem_runtime::store::tx::TxConnection::claim(
+        &mut *tx,
+        request(&key, Token::random(), Duration::from_secs(30)),
+    )
+    .await
+    .unwrap();
+    assert!(matches!(claim, Claim::Acquired { .. }), "{claim:?}");
+    tx.commit().await.unwrap();
+    assert_eq!(idem.count("idem_records").await, 1);
+    assert!(store.inspect(&key).await.unwrap().is_some());
+    pool.close().await;
+    drop(store);
+    app.drop().await;
+    idem.drop().await;
+}

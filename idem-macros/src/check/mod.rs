@@ -2,6 +2,7 @@
 //! span on the offending token and a message that says what to do instead
 //! (each has a trybuild case under `tests/ui`).
 
+mod axum_responses;
 pub(crate) mod clock_types;
 mod default_scope;
 pub(crate) mod recover;
@@ -104,6 +105,9 @@ pub(crate) fn idempotent<'a>(
 
     let tx = transaction::check(&args, &bindings, errors);
     let recover = recover::check(&args, func, errors);
+    if let Some(r) = &result {
+        axum_responses::check(r.ok, errors);
+    }
 
     let durations = ttl_lease_wait::check(
         args.ttl.as_ref(),
@@ -282,6 +286,9 @@ pub(crate) fn step<'a>(
             errors.error(name, "the step name is empty: name the step, e.g. #[step(\"deduct_stock\")]")
         }
         Some(_) => {}
+    }
+    if let Some(r) = &result {
+        axum_responses::check(r.ok, errors);
     }
     let compensation = args
         .compensate

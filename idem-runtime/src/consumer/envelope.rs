@@ -51,22 +51,28 @@ impl KeyPart for MessageId {
 /// A delivery that carries no id is parked.
 ///
 /// ```
-/// use idem_runtime::consumer::{Acked, Action, Envelope, MessageId, Runner, testing::Memory};
+/// use idem_runtime::consumer::Envelope;
 /// use idem_runtime::idempotent;
-/// use idem_runtime::store::memory::MemoryStore;
+///
+/// #[idempotent(consumer, key = "m.id", scope = "shipping.on_order_created", event = "ORDER_CREATED")]
+/// async fn ship(m: Envelope<OrderCreated>) -> Result<(), ShipError> {
+///     book_courier(m.body.order_id).await
+/// }
 ///
 /// #[derive(serde::Deserialize)]
 /// struct OrderCreated { order_id: String }
+/// # #[derive(Debug)]
+/// # struct ShipError(idem_runtime::Error);
+/// # impl From<idem_runtime::Error> for ShipError { fn from(e: idem_runtime::Error) -> Self { ShipError(e) } }
+/// # async fn book_courier(_order_id: String) -> Result<(), ShipError> { Ok(()) }
 ///
-/// #[idempotent(consumer, event = "SHIP", key = "m.id", scope = "doc.envelope")]
-/// async fn ship(m: Envelope<OrderCreated>) -> Result<(), idem_runtime::Error> {
-///     let _order = m.body.order_id; // ship it
-///     Ok(())
-/// }
+/// // A second delivery of the same message id is a duplicate:
+/// use idem_runtime::consumer::{Acked, Action, Runner, testing::Memory};
+/// use idem_runtime::store::memory::MemoryStore;
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// idem_runtime::install(MemoryStore::new());
-/// let runner = Runner::new("doc.envelope", "SHIP");
+/// let runner = Runner::new();
 /// let msg = || Memory::new(br#"{"order_id":"o-1"}"#).with_message_id("m-1");
 /// assert_eq!(runner.process(msg(), &ship).await.unwrap(), Action::Acked(Acked::Processed));
 /// assert_eq!(runner.process(msg(), &ship).await.unwrap(), Action::Acked(Acked::Deduplicated));

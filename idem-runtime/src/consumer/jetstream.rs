@@ -10,7 +10,8 @@
 //!   which restarts the ack wait) and runs it again after the delay.
 //! - A parked message is published to the parking subject with headers
 //!   `Idem-Reason`, `Idem-Deliveries` and `Idem-Stream`, and then `+TERM`ed.
-//!   Capture that subject in a stream of its own so an operator can read it.
+//!   Capture that subject in a stream of its own so an operator can read it
+//!   ([`parked`] does).
 //! - A consumer that dies leaves its messages unacked: the server redelivers
 //!   them after `ack_wait`, counting the delivery, pulled messages it had not
 //!   started yet included. Keep `ack_wait` above the longest handler run.
@@ -35,13 +36,13 @@
 //! # #[derive(serde::Serialize, serde::Deserialize)] struct OrderPaid { order_id: String }
 //! # async fn settle(e: OrderPaid) -> Result<(), std::io::Error> { Ok(()) }
 //! # async fn go() -> Result<(), Box<dyn std::error::Error>> {
-//! let client = async_nats::connect("nats://127.0.0.1:4222").await?;
-//! let js = async_nats::jetstream::new(client);
+//! // NATS JetStream (feature `jetstream`)
+//! let js = async_nats::jetstream::new(async_nats::connect("nats://127.0.0.1:4222").await?);
 //! let source = JetStreamSource::builder("ORDERS", "settlement", "orders.parked")
 //!     .ack_wait(Duration::from_secs(30))
 //!     .connect(&js)
 //!     .await?;
-//! let err = Runner::new("settlement.on_order_paid", "SETTLE").run(source, settle).await;
+//! Runner::new().run(source, settle).await;
 //! # Ok(()) }
 //! ```
 
@@ -49,11 +50,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{AckPolicy, pull};
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::stream::RawMessageErrorKind;
 use async_nats::jetstream::{self, AckKind, Context};
 use futures_util::StreamExt;
 use serde::Serialize;
 
-use super::{BrokerError, Delivery, Source};
+use super::{BrokerError, Delivery, Parked, Source};
 
 fn broker(e: impl std::error::Error + Send + Sync + 'static) -> BrokerError {
     BrokerError::new("nats", e)
@@ -66,13 +69,101 @@ pub async fn publish<M: Serialize + ?Sized>(
     message: &M,
 ) -> Result<(), BrokerError> {
     let body = serde_json::to_vec(message).map_err(broker)?;
-    js.publish(subject.to_owned(), body.into())
+    publish_raw(js, subject, &body, None).await
+}
+
+/// Publishes `payload` as it is to `subject`, as [`publish`] publishes JSON
+/// (and, given an id, with `Nats-Msg-Id`, as the outbox's relay does: the
+/// stream then drops another publish of that id inside its duplicate
+/// window), and waits for the stream's ack. Bytes that are not the handler's
+/// JSON are how a test makes a poison message: the runner parks it as
+/// undecodable.
+///
+/// ```no_run
+/// use idem_runtime::consumer::jetstream;
+///
+/// # async fn go() -> Result<(), Box<dyn std::error::Error>> {
+/// let js = async_nats::jetstream::new(async_nats::connect("nats://127.0.0.1:4222").await?);
+/// jetstream::publish_raw(&js, "orders.paid", b"{\"order_id\": 7", Some("m-1")).await?;
+/// # Ok(()) }
+/// ```
+pub async fn publish_raw(
+    js: &Context,
+    subject: &str,
+    payload: &[u8],
+    message_id: Option<&str>,
+) -> Result<(), BrokerError> {
+    let mut message = PublishMessage::build().payload(payload.to_vec().into());
+    if let Some(id) = message_id {
+        message = message.message_id(id);
+    }
+    js.send_publish(subject.to_owned(), message)
         .await
         .map_err(broker)?
         .await
         .map_err(broker)?;
     Ok(())
 }
+
+/// Up to `count` messages of `parking_stream` (the stream capturing the
+/// parking subject), oldest first, each with why it was parked.
+///
+/// Reading leaves them parked: each is fetched by sequence (`STREAM.MSG.GET`),
+/// with no consumer, so this works on any retention, a work queue's too.
+/// Remove one once handled with `Stream::delete_message(position)`.
+///
+/// ```no_run
+/// use idem_runtime::consumer::jetstream;
+///
+/// # async fn go() -> Result<(), Box<dyn std::error::Error>> {
+/// let js = async_nats::jetstream::new(async_nats::connect("nats://127.0.0.1:4222").await?);
+/// for p in jetstream::parked(&js, "ORDERS_PARKED", 100).await? {
+///     println!("{:?} after {:?} deliveries: {}", p.message_id, p.deliveries, p.reason);
+/// }
+/// # Ok(()) }
+/// ```
+pub async fn parked(
+    js: &Context,
+    parking_stream: &str,
+    count: usize,
+) -> Result<Vec<Parked>, BrokerError> {
+    let stream = js
+        .get_stream_no_info(parking_stream)
+        .await
+        .map_err(broker)?;
+    let mut out = Vec::new();
+    let mut next = 1;
+    while out.len() < count {
+        // The first message at or after `next`, over deleted ones.
+        let m = match stream.get_first_raw_message_by_subject(">", next).await {
+            Ok(m) => m,
+            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => break,
+            Err(e) => return Err(broker(e)),
+        };
+        next = m.sequence + 1;
+        let header = |name: &str| m.headers.get(name).map(|v| v.as_str().to_owned());
+        out.push(Parked {
+            reason: header(REASON).unwrap_or_default(),
+            // By the constant: a name given as text never matches a standard
+            // header that the server's reply was parsed into.
+            message_id: m
+                .headers
+                .get(async_nats::header::NATS_MESSAGE_ID)
+                .map(|v| v.as_str().to_owned()),
+            origin: header(STREAM),
+            deliveries: header(DELIVERIES).and_then(|n| n.parse().ok()),
+            parked_at: Some(m.time.into()),
+            position: Some(m.sequence.to_string()),
+            payload: m.payload.to_vec(),
+        });
+    }
+    Ok(out)
+}
+
+// What a parked copy carries besides the message's own headers.
+const REASON: &str = "Idem-Reason";
+const DELIVERIES: &str = "Idem-Deliveries";
+const STREAM: &str = "Idem-Stream";
 
 /// Settings of a [`JetStreamSource`] consumer.
 pub struct JetStreamBuilder {
@@ -251,9 +342,9 @@ impl Delivery for JetStreamDelivery {
 
     async fn park(self, reason: &str) -> Result<(), BrokerError> {
         let mut headers = self.message.headers.clone().unwrap_or_default();
-        headers.insert("Idem-Reason", reason);
-        headers.insert("Idem-Deliveries", self.attempt.to_string().as_str());
-        headers.insert("Idem-Stream", self.shared.stream.as_str());
+        headers.insert(REASON, reason);
+        headers.insert(DELIVERIES, self.attempt.to_string().as_str());
+        headers.insert(STREAM, self.shared.stream.as_str());
         self.js
             .publish_with_headers(
                 self.shared.parking.clone(),

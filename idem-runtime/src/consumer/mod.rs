@@ -50,7 +50,7 @@
 //!
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 //! idem_runtime::install(MemoryStore::new());
-//! let runner = Runner::new("doc.settle", "SETTLE");
+//! let runner = Runner::new();
 //! let msg = br#"{"order_id":"o-1"}"#;
 //! let first = runner.process(Memory::new(msg), &settle).await.unwrap();
 //! let again = runner.process(Memory::new(msg), &settle).await.unwrap();
@@ -61,7 +61,67 @@
 //!
 //! Each broker is a [`Source`] of [`Delivery`]s: `redis_streams` (feature
 //! `redis-streams`), `rabbitmq` (feature `rabbitmq`) and `jetstream` (feature
-//! `jetstream`). Another broker needs only those two traits.
+//! `jetstream`). Another broker needs only those two traits:
+//!
+//! ```
+//! use std::time::Duration;
+//! use idem_runtime::consumer::{BrokerError, Delivery, Source};
+//! # mod my_broker {
+//! #     use std::{io, time::Duration};
+//! #     pub struct Message { body: Vec<u8>, deliveries: u32 }
+//! #     impl Message {
+//! #         pub fn body(&self) -> &[u8] { &self.body }
+//! #         pub fn delivery_count(&self) -> u32 { self.deliveries }
+//! #         pub async fn ack(self) -> io::Result<()> { Ok(()) }
+//! #         pub async fn nack(self, _redeliver_after: Duration) -> io::Result<()> { Ok(()) }
+//! #         pub async fn dead_letter(self, _reason: &str) -> io::Result<()> { Ok(()) }
+//! #     }
+//! #     pub struct Subscription;
+//! #     impl Subscription {
+//! #         pub async fn next(&mut self) -> io::Result<Message> {
+//! #             Ok(Message { body: b"{}".to_vec(), deliveries: 1 })
+//! #         }
+//! #     }
+//! # }
+//!
+//! struct MyDelivery { msg: my_broker::Message }
+//!
+//! #[async_trait::async_trait]
+//! impl Delivery for MyDelivery {
+//!     fn payload(&self) -> Option<&[u8]> { Some(self.msg.body()) }
+//!     fn attempt(&self) -> u32 { self.msg.delivery_count() }   // counted deliveries, from 1
+//!     async fn ack(self) -> Result<(), BrokerError> { self.msg.ack().await.map_err(|e| BrokerError::new("my", e)) }
+//!     async fn retry(self, after: Duration) -> Result<(), BrokerError> {
+//!         // redeliver no sooner than `after`, counted
+//!         self.msg.nack(after).await.map_err(|e| BrokerError::new("my", e))
+//!     }
+//!     async fn defer(self, after: Duration) -> Result<Option<Self>, BrokerError> {
+//!         // the same without counting; or keep it: wait `after` and return Some(self)
+//!         tokio::time::sleep(after).await;
+//!         Ok(Some(self))
+//!     }
+//!     async fn park(self, reason: &str) -> Result<(), BrokerError> {
+//!         // dead-letter with the reason, then ack
+//!         self.msg.dead_letter(reason).await.map_err(|e| BrokerError::new("my", e))
+//!     }
+//! }
+//!
+//! struct MySource { sub: my_broker::Subscription }
+//!
+//! #[async_trait::async_trait]
+//! impl Source for MySource {
+//!     type Delivery = MyDelivery;
+//!     async fn next(&mut self) -> Result<MyDelivery, BrokerError> {
+//!         let msg = self.sub.next().await.map_err(|e| BrokerError::new("my", e))?;
+//!         Ok(MyDelivery { msg })
+//!     }
+//! }
+//! ```
+//!
+//! Each of the three also has what a test or an operator needs around the
+//! runner: `publish_raw`, which publishes bytes as they are (a poison message
+//! is bytes that do not decode), and `parked`, which reads parked messages
+//! back as [`Parked`], with why.
 
 #[cfg(feature = "jetstream")]
 #[cfg_attr(docsrs, doc(cfg(feature = "jetstream")))]
@@ -75,21 +135,36 @@ pub mod redis_streams;
 
 mod delivery;
 mod envelope;
+mod parked;
 mod runner;
 pub mod testing;
 #[cfg(test)]
 mod tests;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
+mod transaction;
 
 pub use delivery::{Acked, Action, BrokerError, Delivery, Source};
 pub use envelope::{Envelope, FromDelivery, MessageId};
+pub use parked::Parked;
 pub use runner::{Runner, Stats};
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
+pub use transaction::TxError;
 
 use crate::protocol::report;
 
 /// Tells the runner that what the handler's annotated call recorded did not
 /// last: the caller's transaction carrying the record (`tx = tx`) failed to
 /// commit. The delivery then counts as a retryable failure instead of being
-/// acked on a record that does not exist.
+/// acked on a record that does not exist. [`Runner::run_in_tx`] does this
+/// itself; only a handler that begins and commits its own transaction needs it.
 ///
 /// ```
 /// # struct Tx; impl Tx { async fn commit(self) -> Result<(), std::io::Error> { Ok(()) } }

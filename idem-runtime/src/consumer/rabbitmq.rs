@@ -9,7 +9,8 @@
 //!   is never used: it hands the message straight back, and in-progress
 //!   duplicates then spin (100 messages became 907 deliveries that way);
 //! - `q.dlx` (fanout) bound to `q.parked`, where parked messages wait for an
-//!   operator, with the reason in the header `x-idem-reason`.
+//!   operator, with the reason in the header `x-idem-reason`; [`parked`]
+//!   reads them back.
 //!
 //! Deliveries are acked manually after the outcome is recorded, with a
 //! prefetch: at least the runner's
@@ -33,12 +34,12 @@
 //! # #[derive(serde::Serialize, serde::Deserialize)] struct OrderPaid { order_id: String }
 //! # async fn settle(e: OrderPaid) -> Result<(), std::io::Error> { Ok(()) }
 //! # async fn go() -> Result<(), Box<dyn std::error::Error>> {
+//! // RabbitMQ (feature `rabbitmq`)
 //! let conn = idem_runtime::consumer::rabbitmq::connect("amqp://guest:guest@127.0.0.1:5672/%2f").await?;
 //! let channel = conn.create_channel().await?;
 //! RabbitMqSource::declare(&channel, "orders").await?;
 //! let source = RabbitMqSource::builder("orders", "worker-1").prefetch(16).connect(channel).await?;
-//! let runner = Runner::new("settlement.on_order_paid", "SETTLE").concurrency(16);
-//! let err = runner.run(source, settle).await;
+//! Runner::new().concurrency(16).run(source, settle).await;
 //! # Ok(()) }
 //! ```
 
@@ -47,16 +48,21 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
-    ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicNackOptions, BasicPublishOptions,
+    BasicQosOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
+    QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use serde::Serialize;
 
-use super::{BrokerError, Delivery, Source};
+use super::{BrokerError, Delivery, Parked, Source};
 
 const FAILURES: &str = "x-idem-failures";
+// What a parked copy carries besides the message's own headers.
+const REASON: &str = "x-idem-reason";
+const DELIVERIES: &str = "x-idem-deliveries";
+const QUEUE: &str = "x-idem-queue";
 
 fn broker(e: lapin::Error) -> BrokerError {
     BrokerError::new("rabbitmq", e)
@@ -80,10 +86,101 @@ pub async fn publish<M: Serialize + ?Sized>(
     message: &M,
 ) -> Result<(), BrokerError> {
     let body = serde_json::to_vec(message).map_err(|e| BrokerError::new("rabbitmq", e))?;
-    let props = BasicProperties::default()
+    publish_raw(channel, queue, &body, None).await
+}
+
+/// Publishes `payload` as it is to `queue`, with the properties [`publish`]
+/// sets (persistent, `content-type: application/json`: the queue's contract,
+/// which these bytes may break) and, given an id, the AMQP `message-id`, as
+/// the outbox's relay sets it. Bytes that are not the handler's JSON are how
+/// a test makes a poison message: the runner parks it as undecodable.
+///
+/// ```no_run
+/// use idem_runtime::consumer::rabbitmq;
+///
+/// # async fn go() -> Result<(), Box<dyn std::error::Error>> {
+/// let conn = rabbitmq::connect("amqp://guest:guest@127.0.0.1:5672/%2f").await?;
+/// let channel = conn.create_channel().await?;
+/// rabbitmq::publish_raw(&channel, "orders", b"{\"order_id\": 7", Some("m-1")).await?;
+/// # Ok(()) }
+/// ```
+pub async fn publish_raw(
+    channel: &Channel,
+    queue: &str,
+    payload: &[u8],
+    message_id: Option<&str>,
+) -> Result<(), BrokerError> {
+    let mut props = BasicProperties::default()
         .with_delivery_mode(2)
         .with_content_type("application/json".into());
-    publish_confirmed(channel, "", queue, &body, props).await
+    if let Some(id) = message_id {
+        props = props.with_message_id(id.into());
+    }
+    publish_confirmed(channel, "", queue, payload, props).await
+}
+
+/// Up to `count` messages of `parking_queue` (`<queue>.parked`), oldest
+/// first, each with why it was parked.
+///
+/// A queue cannot be read without taking messages, so this peeks: it takes
+/// them with `basic.get` unacked and hands each back (`basic.nack` with
+/// `requeue`), in place. If the channel closes in between, the broker hands
+/// them back itself: they stay parked either way. AMQP confirms no nack, so
+/// for a moment after this returns (and while it runs) another channel may
+/// count or see fewer. Remove one once handled by consuming it with an ack.
+/// A queue that does not exist is a channel error in AMQP: it closes
+/// `channel`.
+///
+/// ```no_run
+/// use idem_runtime::consumer::rabbitmq;
+///
+/// # async fn go() -> Result<(), Box<dyn std::error::Error>> {
+/// let conn = rabbitmq::connect("amqp://guest:guest@127.0.0.1:5672/%2f").await?;
+/// let channel = conn.create_channel().await?;
+/// for p in rabbitmq::parked(&channel, "orders.parked", 100).await? {
+///     println!("{:?} after {:?} deliveries: {}", p.message_id, p.deliveries, p.reason);
+/// }
+/// # Ok(()) }
+/// ```
+pub async fn parked(
+    channel: &Channel,
+    parking_queue: &str,
+    count: usize,
+) -> Result<Vec<Parked>, BrokerError> {
+    let mut taken = Vec::new();
+    while taken.len() < count {
+        let got = channel
+            .basic_get(parking_queue, BasicGetOptions { no_ack: false })
+            .await
+            .map_err(broker)?;
+        let Some(got) = got else { break };
+        taken.push(got.delivery);
+    }
+    // Handed back only after all are taken: a message handed back at once
+    // would be the next `basic.get`'s again.
+    for d in &taken {
+        d.nack(BasicNackOptions {
+            requeue: true,
+            multiple: false,
+        })
+        .await
+        .map_err(broker)?;
+    }
+    Ok(taken
+        .into_iter()
+        .map(|d| {
+            let props = &d.properties;
+            Parked {
+                reason: text(props, REASON).unwrap_or_default(),
+                message_id: props.message_id().as_ref().map(|id| id.to_string()),
+                origin: text(props, QUEUE),
+                deliveries: header(props, DELIVERIES),
+                parked_at: None,
+                position: None,
+                payload: d.data,
+            }
+        })
+        .collect())
 }
 
 async fn publish_confirmed(
@@ -279,10 +376,23 @@ fn int(v: &AMQPValue) -> Option<u32> {
 }
 
 fn header(props: &BasicProperties, name: &str) -> Option<u32> {
+    field(props, name).and_then(int)
+}
+
+fn text(props: &BasicProperties, name: &str) -> Option<String> {
+    match field(props, name)? {
+        AMQPValue::LongString(s) => Some(s.to_string()),
+        AMQPValue::ShortString(s) => Some(s.to_string()),
+        _ => None,
+    }
+}
+
+fn field<'a>(props: &'a BasicProperties, name: &str) -> Option<&'a AMQPValue> {
     props
         .headers()
-        .as_ref()
-        .and_then(|h| h.inner().get(&ShortString::from(name)).and_then(int))
+        .as_ref()?
+        .inner()
+        .get(&ShortString::from(name))
 }
 
 #[async_trait::async_trait]
@@ -421,13 +531,10 @@ impl Delivery for RabbitMqDelivery {
 
     async fn park(self, reason: &str) -> Result<(), BrokerError> {
         let props = self.copy_props(&[
-            ("x-idem-reason", AMQPValue::LongString(reason.into())),
+            (REASON, AMQPValue::LongString(reason.into())),
+            (DELIVERIES, AMQPValue::LongLongInt(self.attempt.into())),
             (
-                "x-idem-deliveries",
-                AMQPValue::LongLongInt(self.attempt.into()),
-            ),
-            (
-                "x-idem-queue",
+                QUEUE,
                 AMQPValue::LongString(self.names.queue.as_str().into()),
             ),
         ]);

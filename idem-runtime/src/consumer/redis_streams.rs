@@ -10,7 +10,8 @@
 //!   counter equal to the counted deliveries: an `InProgress` redelivery sets
 //!   it one back, so the takeover that follows does not count.
 //! - A parked entry is copied to the parking stream (`<stream>:parked` unless
-//!   set) with its reason, and acked, in one `MULTI`.
+//!   set) with its reason, and acked, in one `MULTI`; [`parked`] reads it
+//!   back.
 //!
 //! Delays are capped at `claim_idle`: Redis measures them as idle time.
 //!
@@ -28,25 +29,31 @@
 //! use idem_runtime::consumer::redis_streams::RedisStreamsSource;
 //!
 //! # #[derive(serde::Serialize, serde::Deserialize)] struct OrderPaid { order_id: String }
-//! # async fn settle(e: OrderPaid) -> Result<(), std::io::Error> { Ok(()) }
-//! # async fn go() -> Result<(), Box<dyn std::error::Error>> {
+//! # struct Settlement;
+//! # impl Settlement {
+//! #     async fn on_order_paid(&self, e: OrderPaid) -> Result<(), std::io::Error> { Ok(()) }
+//! # }
+//! # async fn go(svc: Settlement) -> Result<(), Box<dyn std::error::Error>> {
+//! // Redis Streams (feature `redis-streams`)
 //! let client = redis::Client::open("redis://127.0.0.1:6379")?;
 //! let source = RedisStreamsSource::builder("orders", "settlement", "worker-1").connect(&client).await?;
-//! let runner = Runner::new("settlement.on_order_paid", "SETTLE");
-//! let err = runner.run(source, settle).await; // returns only when Redis fails
+//! let runner = Runner::new().max_deliveries(5);
+//! runner.run(source, |e: OrderPaid| svc.on_order_paid(e)).await; // returns when the broker fails
 //! # Ok(()) }
 //! ```
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::aio::MultiplexedConnection;
-use redis::streams::{StreamAutoClaimReply, StreamId, StreamPendingCountReply, StreamReadReply};
+use redis::streams::{
+    StreamAutoClaimReply, StreamId, StreamPendingCountReply, StreamRangeReply, StreamReadReply,
+};
 use redis::{AsyncConnectionConfig, Client, RedisError, Value};
 use serde::Serialize;
 
-use super::{BrokerError, Delivery, Source};
+use super::{BrokerError, Delivery, Parked, Source};
 
 /// The entry field holding the JSON message.
 pub const PAYLOAD_FIELD: &str = "payload";
@@ -54,6 +61,12 @@ pub const PAYLOAD_FIELD: &str = "payload";
 /// The entry field holding the message id, when the publisher set one (the
 /// outbox's relay always does); see [`Delivery::message_id`].
 pub const MESSAGE_ID_FIELD: &str = "message-id";
+
+// The fields a parked entry carries besides the message's own.
+const REASON_FIELD: &str = "reason";
+const STREAM_FIELD: &str = "stream";
+const ENTRY_ID_FIELD: &str = "id";
+const DELIVERIES_FIELD: &str = "deliveries";
 
 fn broker(e: RedisError) -> BrokerError {
     BrokerError::new("redis", e)
@@ -67,14 +80,106 @@ where
     M: Serialize + ?Sized,
 {
     let body = serde_json::to_vec(message).map_err(|e| BrokerError::new("redis", e))?;
-    redis::cmd("XADD")
-        .arg(stream)
-        .arg("*")
-        .arg(PAYLOAD_FIELD)
-        .arg(body)
+    publish_raw(conn, stream, &body, None).await
+}
+
+/// Appends `payload` as it is to `stream`, framed as [`publish`] frames JSON
+/// (and, given an id, as the outbox's relay does, in [`MESSAGE_ID_FIELD`]),
+/// and returns the entry id. Bytes that are not the handler's JSON are how a
+/// test makes a poison message: the runner parks it as undecodable.
+///
+/// ```no_run
+/// use idem_runtime::consumer::redis_streams;
+///
+/// # async fn go() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+/// let mut conn = client.get_multiplexed_async_connection().await?;
+/// redis_streams::publish_raw(&mut conn, "orders", b"{\"order_id\": 7", Some("m-1")).await?;
+/// # Ok(()) }
+/// ```
+pub async fn publish_raw<C>(
+    conn: &mut C,
+    stream: &str,
+    payload: &[u8],
+    message_id: Option<&str>,
+) -> Result<String, BrokerError>
+where
+    C: redis::aio::ConnectionLike + Send,
+{
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(stream).arg("*").arg(PAYLOAD_FIELD).arg(payload);
+    if let Some(id) = message_id {
+        cmd.arg(MESSAGE_ID_FIELD).arg(id);
+    }
+    cmd.query_async(conn).await.map_err(broker)
+}
+
+/// Up to `count` entries of `parking_stream` (`<stream>:parked` unless the
+/// consumer set another), oldest first, each with why it was parked.
+///
+/// Reading leaves them parked (`XRANGE`); remove one once handled with
+/// `XDEL <parking_stream> <position>`.
+///
+/// A poison message, from publishing to reading it parked (the README's
+/// example):
+///
+/// ```no_run
+/// use idem_runtime::consumer::redis_streams::{self, RedisStreamsSource};
+/// use idem_runtime::consumer::{Runner, Source};
+///
+/// # #[derive(serde::Deserialize)] struct OrderPaid { order_id: String }
+/// # async fn settle(e: OrderPaid) -> Result<(), std::io::Error> { Ok(()) }
+/// # async fn go() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+/// let mut conn = client.get_multiplexed_async_connection().await?;
+/// redis_streams::publish_raw(&mut conn, "orders", b"{\"order_id\": 7", Some("m-1")).await?;
+///
+/// let mut source = RedisStreamsSource::builder("orders", "settlement", "test-1").connect(&client).await?;
+/// let runner = Runner::new();
+/// runner.process(source.next().await?, &settle).await?; // parked: it does not decode
+///
+/// let parked = redis_streams::parked(&mut conn, "orders:parked", 10).await?;
+/// assert_eq!(parked[0].payload, b"{\"order_id\": 7");
+/// assert!(parked[0].reason.starts_with("undecodable: "));
+/// assert_eq!(parked[0].message_id.as_deref(), Some("m-1"));
+/// # Ok(()) }
+/// ```
+pub async fn parked<C>(
+    conn: &mut C,
+    parking_stream: &str,
+    count: usize,
+) -> Result<Vec<Parked>, BrokerError>
+where
+    C: redis::aio::ConnectionLike + Send,
+{
+    let reply: StreamRangeReply = redis::cmd("XRANGE")
+        .arg(parking_stream)
+        .arg("-")
+        .arg("+")
+        .arg("COUNT")
+        .arg(count)
         .query_async(conn)
         .await
-        .map_err(broker)
+        .map_err(broker)?;
+    Ok(reply
+        .ids
+        .into_iter()
+        .map(|e| Parked {
+            payload: e.get(PAYLOAD_FIELD).unwrap_or_default(),
+            reason: e.get(REASON_FIELD).unwrap_or_default(),
+            message_id: e.get(MESSAGE_ID_FIELD),
+            origin: e.get(STREAM_FIELD),
+            deliveries: e.get(DELIVERIES_FIELD),
+            parked_at: entry_time(&e.id),
+            position: Some(e.id),
+        })
+        .collect())
+}
+
+/// The time in an entry id Redis generated (`<unix ms>-<seq>`).
+fn entry_time(id: &str) -> Option<SystemTime> {
+    let ms = id.split_once('-')?.0.parse().ok()?;
+    Some(UNIX_EPOCH + Duration::from_millis(ms))
 }
 
 struct Names {
@@ -396,13 +501,13 @@ impl Delivery for RedisStreamsDelivery {
             .arg("*")
             .arg(PAYLOAD_FIELD)
             .arg(self.payload.as_deref().unwrap_or_default())
-            .arg("reason")
+            .arg(REASON_FIELD)
             .arg(reason)
-            .arg("stream")
+            .arg(STREAM_FIELD)
             .arg(&n.stream)
-            .arg("id")
+            .arg(ENTRY_ID_FIELD)
             .arg(&self.id)
-            .arg("deliveries")
+            .arg(DELIVERIES_FIELD)
             .arg(self.attempt);
         if let Some(id) = &self.message_id {
             pipe.arg(MESSAGE_ID_FIELD).arg(id);

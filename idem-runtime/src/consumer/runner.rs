@@ -5,8 +5,8 @@ use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -14,7 +14,7 @@ use futures_util::stream::{self, FuturesUnordered};
 use futures_util::{FutureExt, StreamExt};
 
 use crate::observe::CallOutcome;
-use crate::protocol::report::{self, Noted};
+use crate::protocol::report::{self, Labels, Noted};
 
 use super::{Acked, Action, BrokerError, Delivery, FromDelivery, Source};
 
@@ -62,14 +62,19 @@ impl Stats {
 
 /// Maps a handler's outcome to a broker action, counts it, and carries it out.
 ///
-/// `scope` and `event` label the metrics (`idem_consumer_*_total{scope,
-/// event}`); give the attribute's. Cloning shares the counters.
+/// The metrics (`idem_consumer_*_total{scope, event}`) are labelled with the
+/// `scope` and `event` of the handler's own `#[idempotent]` call, as that
+/// call reports them: nothing to repeat here, so nothing can disagree. A
+/// delivery that never reaches the call (a payload that does not decode, a
+/// count already past `max_deliveries`) carries the labels of the last call
+/// this runner saw, or `scope="unknown"` before the first. Cloning shares the
+/// counters.
 ///
 /// ```
 /// use std::time::Duration;
 /// use idem_runtime::consumer::Runner;
 ///
-/// let runner = Runner::new("settlement.on_order_paid", "SETTLE")
+/// let runner = Runner::new()
 ///     .max_deliveries(5)
 ///     .backoff(Duration::from_secs(1), Duration::from_secs(30))
 ///     .in_progress_delay(Duration::from_secs(2))
@@ -78,8 +83,9 @@ impl Stats {
 /// ```
 #[derive(Clone)]
 pub struct Runner {
-    scope: &'static str,
-    event: &'static str,
+    /// The labels of the last call a delivery reached, for the deliveries
+    /// that reach none.
+    labels: Arc<Mutex<Labels>>,
     concurrency: usize,
     max_deliveries: u32,
     first_backoff: Duration,
@@ -92,10 +98,9 @@ impl Runner {
     /// A runner with the defaults: one delivery at a time, 5 counted
     /// deliveries, backoff from 1 s doubling to 30 s, `InProgress` redelivered
     /// after 2 s.
-    pub fn new(scope: &'static str, event: &'static str) -> Runner {
+    pub fn new() -> Runner {
         Runner {
-            scope,
-            event,
+            labels: Arc::new(Mutex::new(UNKNOWN)),
             concurrency: 1,
             max_deliveries: 5,
             first_backoff: Duration::from_secs(1),
@@ -123,7 +128,7 @@ impl Runner {
     ///
     /// ```
     /// # use idem_runtime::consumer::Runner;
-    /// let runner = Runner::new("settlement.on_order_paid", "SETTLE").concurrency(16);
+    /// let runner = Runner::new().concurrency(16);
     /// # let _ = runner;
     /// ```
     pub fn concurrency(mut self, n: usize) -> Runner {
@@ -201,8 +206,8 @@ impl Runner {
     {
         let mut delivery = delivery;
         loop {
-            self.count(&self.counters.delivered, "idem_consumer_delivered_total");
             let attempt = delivery.attempt();
+            let mut call: Option<Labels> = None;
             let decision = match M::from_delivery(&delivery) {
                 // Counted deliveries past the limit that never got a verdict
                 // from this runner: each ended with its consumer (a crash, a
@@ -219,13 +224,16 @@ impl Runner {
                     // Inside the async block, so a panic while making the
                     // future is caught too.
                     let run = AssertUnwindSafe(async { handler(message).await }).catch_unwind();
-                    match report::observed(run).await {
-                        (Ok(result), noted) => self.decide(&result, noted, attempt),
-                        (Err(panic), _) => {
+                    let (result, noted, labels) = report::observed(run).await;
+                    call = labels;
+                    match result {
+                        Ok(result) => self.decide(&result, noted, attempt),
+                        Err(panic) => {
                             let why = panic_message(&*panic);
+                            let labels = self.labels(call);
                             tracing::error!(
-                                scope = self.scope,
-                                event = self.event,
+                                scope = labels.scope,
+                                event = labels.event,
                                 attempt,
                                 panic = why,
                                 "the handler panicked"
@@ -235,43 +243,50 @@ impl Runner {
                     }
                 }
             };
+            let labels = self.labels(call);
+            self.count(
+                &labels,
+                &self.counters.delivered,
+                "idem_consumer_delivered_total",
+            );
             match decision {
                 Decision::Ack(why) => {
                     delivery.ack().await?;
-                    self.count(&self.counters.acked, "idem_consumer_acked_total");
-                    match why {
+                    self.count(&labels, &self.counters.acked, "idem_consumer_acked_total");
+                    let (counter, name) = match why {
                         Acked::Processed => {
-                            self.count(&self.counters.processed, "idem_consumer_processed_total")
+                            (&self.counters.processed, "idem_consumer_processed_total")
                         }
-                        Acked::Deduplicated => self.count(
+                        Acked::Deduplicated => (
                             &self.counters.deduplicated,
                             "idem_consumer_deduplicated_total",
                         ),
-                        Acked::FinalError => self.count(
+                        Acked::FinalError => (
                             &self.counters.final_errors,
                             "idem_consumer_final_errors_total",
                         ),
-                    }
+                    };
+                    self.count(&labels, counter, name);
                     return Ok(Action::Acked(why));
                 }
                 Decision::Retry(after) => {
                     delivery.retry(after).await?;
                     self.counters.retried.fetch_add(1, Ordering::Relaxed);
-                    self.redelivered("failed");
+                    redelivered(&labels, "failed");
                     return Ok(Action::Retried { after, attempt });
                 }
                 Decision::Defer(after) => {
                     self.counters.deferred.fetch_add(1, Ordering::Relaxed);
-                    self.redelivered("in_progress");
+                    redelivered(&labels, "in_progress");
                     match delivery.defer(after).await? {
                         None => return Ok(Action::Deferred { after }),
                         Some(kept) => delivery = kept,
                     }
                 }
                 Decision::Park(reason) => {
-                    tracing::warn!(scope = self.scope, event = self.event, attempt, %reason, "parking a message");
+                    tracing::warn!(scope = labels.scope, event = labels.event, attempt, %reason, "parking a message");
                     delivery.park(&reason).await?;
-                    self.count(&self.counters.parked, "idem_consumer_parked_total");
+                    self.count(&labels, &self.counters.parked, "idem_consumer_parked_total");
                     return Ok(Action::Parked { reason });
                 }
             }
@@ -434,15 +449,46 @@ impl Runner {
         }
     }
 
-    fn count(&self, counter: &AtomicU64, name: &'static str) {
-        counter.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!(name, "scope" => self.scope, "event" => self.event).increment(1);
+    /// The labels of this delivery: its own call's, remembered for the
+    /// deliveries that reach none; else the last call's.
+    fn labels(&self, call: Option<Labels>) -> Labels {
+        let mut last = self.labels.lock().unwrap_or_else(|p| p.into_inner());
+        match call {
+            Some(labels) => {
+                *last = labels;
+                labels
+            }
+            None => *last,
+        }
     }
 
-    fn redelivered(&self, reason: &'static str) {
-        metrics::counter!("idem_consumer_redelivered_total", "scope" => self.scope, "event" => self.event, "reason" => reason)
+    fn count(&self, labels: &Labels, counter: &AtomicU64, name: &'static str) {
+        counter.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(name, "scope" => labels.scope, "event" => labels.event.unwrap_or(""))
             .increment(1);
     }
+}
+
+impl Default for Runner {
+    fn default() -> Runner {
+        Runner::new()
+    }
+}
+
+/// Before any delivery reached a call.
+const UNKNOWN: Labels = Labels {
+    scope: "unknown",
+    event: None,
+};
+
+fn redelivered(labels: &Labels, reason: &'static str) {
+    metrics::counter!(
+        "idem_consumer_redelivered_total",
+        "scope" => labels.scope,
+        "event" => labels.event.unwrap_or(""),
+        "reason" => reason
+    )
+    .increment(1);
 }
 
 /// What a panic said, for the reason a parked message carries.

@@ -31,7 +31,7 @@ impl From<crate::Error> for Failure {
 }
 
 fn runner() -> Runner {
-    Runner::new("consumer.tests", "TEST")
+    Runner::new()
         .max_deliveries(3)
         .backoff(Duration::from_millis(100), Duration::from_millis(400))
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::FromRequestParts;
 use axum::response::{IntoResponse, Response};
-use http::StatusCode;
 use http::request::Parts;
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -19,10 +19,14 @@ use crate::protocol::StoredForm;
 
 use super::key::KeyRules;
 use super::problem::{NO_CALLER, for_error, problem};
+use super::stored::never_replayed;
 
 /// The [`StoredForm`] marker of axum's response types: `Json<T>` is stored as
-/// the JSON of `T`, `(StatusCode, Json<T>)` as the status and that JSON. So
-/// an `#[idempotent]` handler returns what axum handlers return:
+/// the JSON of `T`, `(StatusCode, Json<T>)` as the status and that JSON,
+/// `(StatusCode, HeaderMap, Json<T>)` and `(HeaderMap, Json<T>)` with the
+/// handler's headers too (less `Set-Cookie` and the connection's own, which a
+/// replay never carries). So an `#[idempotent]` handler returns what axum
+/// handlers return:
 ///
 /// ```
 /// use axum::{Json, extract::State, http::StatusCode, response::{IntoResponse, Response}};
@@ -55,6 +59,8 @@ pub enum ViaAxum {}
 
 impl<T: Serialize> CacheableSerialize<ViaAxum> for Json<T> {}
 impl<T: Serialize> CacheableSerialize<ViaAxum> for (StatusCode, Json<T>) {}
+impl<T: Serialize> CacheableSerialize<ViaAxum> for (HeaderMap, Json<T>) {}
+impl<T: Serialize> CacheableSerialize<ViaAxum> for (StatusCode, HeaderMap, Json<T>) {}
 
 impl<T: Serialize + DeserializeOwned> StoredForm<ViaAxum> for Json<T> {
     fn to_stored(&self) -> Result<Vec<u8>, serde_json::Error> {
@@ -91,6 +97,94 @@ impl<T: Serialize + DeserializeOwned> StoredForm<ViaAxum> for (StatusCode, Json<
         let status = StatusCode::from_u16(stored.status)
             .map_err(|_| serde::de::Error::custom("stored status is not an HTTP status"))?;
         Ok((status, Json(stored.body)))
+    }
+}
+
+#[derive(Serialize)]
+struct WithHeadersRef<'a, T> {
+    status: u16,
+    headers: Vec<(&'a str, &'a str)>,
+    body: &'a T,
+}
+
+#[derive(Deserialize)]
+struct WithHeaders<T> {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: T,
+}
+
+/// The headers a handler set, as stored: those a replay must never carry
+/// (`Set-Cookie`, the connection's own) are left out, as the layer does, and
+/// a value that is not visible ASCII is left out with a warning (JSON holds
+/// text).
+fn stored_headers(headers: &HeaderMap) -> Vec<(&str, &str)> {
+    headers
+        .iter()
+        .filter(|(name, _)| !never_replayed(name))
+        .filter_map(|(name, value)| match value.to_str() {
+            Ok(v) => Some((name.as_str(), v)),
+            Err(_) => {
+                tracing::warn!(header = %name, "header value is not visible ASCII; not stored");
+                None
+            }
+        })
+        .collect()
+}
+
+fn encode_with_headers<T: Serialize>(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &T,
+) -> Result<Vec<u8>, serde_json::Error> {
+    serde_json::to_vec(&WithHeadersRef {
+        status: status.as_u16(),
+        headers: stored_headers(headers),
+        body,
+    })
+}
+
+fn decode_with_headers<T: DeserializeOwned>(
+    bytes: &[u8],
+) -> Result<(StatusCode, HeaderMap, T), serde_json::Error> {
+    use serde::de::Error as _;
+    let stored: WithHeaders<T> = serde_json::from_slice(bytes)?;
+    let status = StatusCode::from_u16(stored.status)
+        .map_err(|_| serde_json::Error::custom("stored status is not an HTTP status"))?;
+    let mut headers = HeaderMap::with_capacity(stored.headers.len());
+    for (name, value) in stored.headers {
+        let name = HeaderName::try_from(name)
+            .map_err(|_| serde_json::Error::custom("stored header name is not valid"))?;
+        let value = HeaderValue::try_from(value)
+            .map_err(|_| serde_json::Error::custom("stored header value is not valid"))?;
+        headers.append(name, value);
+    }
+    Ok((status, headers, stored.body))
+}
+
+/// Status, the handler's headers (a `Location`, an `ETag`) and the JSON body,
+/// replayed as they were; `Set-Cookie` and the connection's headers are never
+/// stored (see the README's "HTTP").
+impl<T: Serialize + DeserializeOwned> StoredForm<ViaAxum> for (StatusCode, HeaderMap, Json<T>) {
+    fn to_stored(&self) -> Result<Vec<u8>, serde_json::Error> {
+        encode_with_headers(self.0, &self.1, &self.2.0)
+    }
+
+    fn from_stored(bytes: &[u8]) -> Result<Self, serde_json::Error> {
+        let (status, headers, body) = decode_with_headers(bytes)?;
+        Ok((status, headers, Json(body)))
+    }
+}
+
+/// `(StatusCode, HeaderMap, Json<T>)` with the status axum gives it: 200.
+impl<T: Serialize + DeserializeOwned> StoredForm<ViaAxum> for (HeaderMap, Json<T>) {
+    fn to_stored(&self) -> Result<Vec<u8>, serde_json::Error> {
+        encode_with_headers(StatusCode::OK, &self.0, &self.1.0)
+    }
+
+    fn from_stored(bytes: &[u8]) -> Result<Self, serde_json::Error> {
+        let (_, headers, body) = decode_with_headers(bytes)?;
+        Ok((headers, Json(body)))
     }
 }
 
@@ -176,13 +270,16 @@ impl std::fmt::Debug for KeyCaller {
 /// # impl axum::response::IntoResponse for AppError {
 /// #     fn into_response(self) -> axum::response::Response { unreachable!() }
 /// # }
+/// # #[derive(serde::Deserialize)] struct Pay { amount_cents: u64 }
+/// # #[derive(serde::Serialize, serde::Deserialize)] struct Receipt { amount_cents: u64 }
+/// # async fn charge(req: &Pay) -> Result<Receipt, AppError> { Ok(Receipt { amount_cents: req.amount_cents }) }
 /// #[idempotent(key = "key")]
-/// async fn pay(key: IdempotencyKey) -> Result<Json<u64>, AppError> {
-///     Ok(Json(7))
+/// async fn pay(key: IdempotencyKey, Json(req): Json<Pay>) -> Result<Json<Receipt>, AppError> {
+///     Ok(Json(charge(&req).await?))
 /// }
 ///
 /// let app: Router = Router::new().route("/pay", post(pay)).layer(Extension(KeyCaller::new(
-///     |parts| parts.headers.get("x-tenant")?.to_str().ok().map(str::to_owned),
+///     |p| p.headers.get("x-tenant")?.to_str().ok().map(str::to_owned),
 /// )));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]

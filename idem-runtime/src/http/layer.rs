@@ -217,6 +217,18 @@ impl IdempotencyLayer {
     /// Who the caller is, from the request parts: keys are scoped to it, so
     /// one caller's key never replays another's response. `None` answers 400
     /// (the caller cannot be told apart). Default: one caller for all.
+    ///
+    /// ```
+    /// use axum::{Router, routing::post};
+    /// use idem_runtime::http::IdempotencyLayer;
+    ///
+    /// # async fn create_order() {}
+    /// let app: Router = Router::new().route("/orders", post(create_order)).layer(
+    ///     IdempotencyLayer::new()
+    ///         .scope("orders.create")
+    ///         .caller(|p| p.headers.get("x-tenant")?.to_str().ok().map(str::to_owned)),
+    /// );
+    /// ```
     pub fn caller(self, f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
         self.with(|c| c.caller = Arc::new(f))
     }

@@ -28,13 +28,12 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("re
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use idem_runtime::lock::redis::RedisLocks;
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// let locks = RedisLocks::connect("redis://127.0.0.1:6379").await?;
+/// let locks = idem_runtime::lock::redis::RedisLocks::connect("redis://127.0.0.1:6379").await?;
 /// if let Some(lock) = locks.try_acquire("rebalance", Duration::from_secs(30)).await? {
-///     // … the work, renewing every 10 s with `lock.renew(…)` …
-///     lock.release().await?;
+///     // … renew every third of the lease; stop when renew answers false …
+///     lock.release().await?; // only this holder's token can release it
 /// }
 /// # Ok::<(), idem_runtime::StoreError>(())
 /// # }).unwrap();

@@ -252,7 +252,40 @@ outbox_connection!("sqlite", sqlx::SqliteConnection, sqlx::Sqlite);
 
 /// Writes one message in the caller's transaction and returns its id.
 ///
-/// See the [module documentation](self) for an example.
+/// Inside an idempotent call the id derives from the call's key, so a
+/// retried call writes no second row; outside one, give it with
+/// [`Message::id`] (see the [module documentation](self)).
+///
+/// ```no_run
+/// # #[cfg(feature = "postgres")] mod doc {
+/// use idem_runtime::idempotent;
+/// use idem_runtime::outbox::{self, Message};
+///
+/// #[derive(serde::Serialize)]
+/// struct OrderCreated { order_id: i64 }
+/// # #[derive(Debug)]
+/// # enum AppError {
+/// #     Idem(idem_runtime::Error),
+/// #     Db(sqlx::Error),
+/// #     Codec(idem_runtime::CodecError),
+/// #     Outbox(outbox::OutboxError),
+/// # }
+/// # impl From<idem_runtime::Error> for AppError { fn from(e: idem_runtime::Error) -> Self { AppError::Idem(e) } }
+/// # impl From<sqlx::Error> for AppError { fn from(e: sqlx::Error) -> Self { AppError::Db(e) } }
+/// # impl From<idem_runtime::CodecError> for AppError { fn from(e: idem_runtime::CodecError) -> Self { AppError::Codec(e) } }
+/// # impl From<outbox::OutboxError> for AppError { fn from(e: outbox::OutboxError) -> Self { AppError::Outbox(e) } }
+///
+/// #[idempotent(scope = "orders.create", key = "id")]
+/// async fn create_order(pool: &sqlx::PgPool, id: i64, sku: String) -> Result<(), AppError> {
+///     let mut tx = pool.begin().await?;
+///     sqlx::query("INSERT INTO orders (id, sku) VALUES ($1, $2)").bind(id).bind(&sku).execute(&mut *tx).await?;
+///     outbox::put(&mut tx, Message::json("orders.created", &OrderCreated { order_id: id })?
+///         .ordering_key(id.to_string())).await?;
+///     tx.commit().await?;
+///     Ok(())
+/// }
+/// # }
+/// ```
 pub async fn put<T: OutboxTx + ?Sized>(
     tx: &mut T,
     message: Message,

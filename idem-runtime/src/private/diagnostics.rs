@@ -427,13 +427,14 @@ impl<R> AfterTypeError for &Dispatch<R> {}
 /// has neither serde trait gets one error rather than one per trait.
 ///
 /// `M` is the stored form's marker, inferred: [`ViaSerde`] for serde types;
-/// with the `axum` feature, `idem_runtime::http::ViaAxum` for `Json<T>` and
-/// `(StatusCode, Json<T>)` of a `Serialize` `T`.
+/// with the `axum` feature, `idem_runtime::http::ViaAxum` for `Json<T>`,
+/// `(StatusCode, Json<T>)`, `(HeaderMap, Json<T>)` and
+/// `(StatusCode, HeaderMap, Json<T>)` of a `Serialize` `T`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be cached as the result of an idempotent call: it is not `Serialize + DeserializeOwned`",
     label = "the result is stored and replayed to duplicates",
     note = "the `T` of `Result<T, E>` must implement `Serialize` and `DeserializeOwned` (derive `serde::Serialize` and `serde::Deserialize`)",
-    note = "an axum handler returns `Json<T>` or `(StatusCode, Json<T>)` of such a `T` instead (feature `axum`); a bare `Response`, `Html` or `impl IntoResponse` cannot be replayed"
+    note = "an axum handler returns `Json<T>`, `(StatusCode, Json<T>)`, `(HeaderMap, Json<T>)` or `(StatusCode, HeaderMap, Json<T>)` of such a `T` instead (feature `axum`): a header is set through the `HeaderMap`; a bare `Response`, `Html`, an array of header pairs or `impl IntoResponse` cannot be replayed"
 )]
 pub trait CacheableSerialize<M> {}
 impl<T: Serialize + ?Sized> CacheableSerialize<ViaSerde> for T {}

@@ -36,10 +36,19 @@ pub(crate) enum Noted {
     RolledBack,
 }
 
+/// Whose call it was: the labels of the consumer runner's metrics, taken
+/// from the handler's own attribute so they cannot disagree with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Labels {
+    pub(crate) scope: &'static str,
+    pub(crate) event: Option<&'static str>,
+}
+
 #[derive(Default)]
 struct Seen {
     replayed: Cell<bool>,
     last: Cell<Option<Noted>>,
+    labels: Cell<Option<Labels>>,
 }
 
 tokio::task_local! {
@@ -79,11 +88,13 @@ pub async fn track_replays<F: Future>(fut: F) -> (F::Output, bool) {
     .await
 }
 
-/// Runs `fut` and returns what its outermost idempotent call said last.
-pub(crate) async fn observed<F: Future>(fut: F) -> (F::Output, Option<Noted>) {
+/// Runs `fut` and returns what its outermost idempotent call said last, and
+/// that call's labels.
+pub(crate) async fn observed<F: Future>(fut: F) -> (F::Output, Option<Noted>, Option<Labels>) {
     SEEN.scope(Seen::default(), async {
         let out = fut.await;
-        (out, SEEN.with(|s| s.last.get()))
+        let (noted, labels) = SEEN.with(|s| (s.last.get(), s.labels.get()));
+        (out, noted, labels)
     })
     .await
 }
@@ -91,7 +102,13 @@ pub(crate) async fn observed<F: Future>(fut: F) -> (F::Output, Option<Noted>) {
 fn note(spec: &Spec, noted: Noted) {
     if spec.kind != Kind::Step {
         // Outside `observed` and `track_replays` nobody asked.
-        let _ = SEEN.try_with(|s| s.last.set(Some(noted)));
+        let _ = SEEN.try_with(|s| {
+            s.last.set(Some(noted));
+            s.labels.set(Some(Labels {
+                scope: spec.scope,
+                event: spec.event,
+            }));
+        });
     }
 }
 

@@ -393,7 +393,7 @@ impl Worker {
         let run = tokio::spawn(tracing::Instrument::in_current_span(report::observed(
             context::expect(expectation.clone(), call),
         )));
-        let (ended, noted) = match run.await {
+        let (ended, noted, _) = match run.await {
             Ok(done) => done,
             Err(e) => {
                 tracing::error!(attempt, error = %e, "the recovered call panicked; its claim comes back after its lease and backoff");

@@ -7,6 +7,34 @@
 //! until the first transaction ends, then replays what it committed (or claims
 //! the key itself if it rolled back). The claim is an upsert, never a caught
 //! unique violation, so a duplicate never aborts the caller's transaction.
+//!
+//! ```
+//! # #[cfg(feature = "postgres")] mod doc {
+//! use idem_runtime::idempotent;
+//! use sqlx::Postgres;
+//! # #[derive(serde::Serialize, serde::Deserialize)]
+//! # pub struct Order { id: i64 }
+//! # pub struct CreateOrder { order_no: String }
+//! # #[derive(Debug)]
+//! # pub enum AppError { Idem(idem_runtime::Error), Db(sqlx::Error) }
+//! # impl From<idem_runtime::Error> for AppError { fn from(e: idem_runtime::Error) -> Self { AppError::Idem(e) } }
+//! # impl From<sqlx::Error> for AppError { fn from(e: sqlx::Error) -> Self { AppError::Db(e) } }
+//! # async fn insert_order(conn: &mut sqlx::PgConnection, req: &CreateOrder) -> Result<Order, sqlx::Error> {
+//! #     let id = sqlx::query_scalar("INSERT INTO orders (order_no) VALUES ($1) RETURNING id")
+//! #         .bind(&req.order_no)
+//! #         .fetch_one(conn)
+//! #         .await?;
+//! #     Ok(Order { id })
+//! # }
+//!
+//! #[idempotent(key = "req.order_no", tx = tx)]
+//! async fn create_order(tx: &mut sqlx::Transaction<'_, Postgres>, req: CreateOrder) -> Result<Order, AppError> {
+//!     let order = insert_order(&mut **tx, &req).await?;   // your writes, on your transaction
+//!     Ok(order)
+//! }
+//! // caller: let mut tx = pool.begin().await?; create_order(&mut tx, req).await?; tx.commit().await?;
+//! # }
+//! ```
 
 use async_trait::async_trait;
 

@@ -95,7 +95,7 @@ fn say(line: &str) {
 
 /// The same runner settings as the in-process scenarios.
 fn runner() -> Runner {
-    Runner::new("tests.consumer.crash", "SETTLE")
+    Runner::new()
         .max_deliveries(3)
         .backoff(Duration::from_millis(100), Duration::from_millis(400))
         .in_progress_delay(Duration::from_millis(300))

@@ -203,7 +203,7 @@ pub async fn crash_and_panic_are_parked<B: Broker>(child: &str, broker: B) {
             .parked()
             .await
             .into_iter()
-            .map(|(body, reason)| (order_id(&body), reason))
+            .map(|p| (order_id(&p.payload), p.reason))
             .collect();
         all.sort();
         all

@@ -7,12 +7,16 @@
 //! - `mod.rs`: the [`Broker`] a test file implements, the handler and its
 //!   ledger, the runner and polling helpers;
 //! - `scenarios.rs`: the cases every broker runs;
+//! - `parking.rs`: the adapters' `publish_raw` and `parked`, around a runner
+//!   that parks;
 //! - `crash.rs`: the fault case, with consumer processes it kills.
 
 mod crash;
+mod parking;
 mod scenarios;
 
 pub use crash::crash_and_panic_are_parked;
+pub use parking::*;
 pub use scenarios::*;
 
 use std::collections::HashMap;
@@ -21,7 +25,7 @@ use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idem_runtime::consumer::{Runner, Source, Stats};
+use idem_runtime::consumer::{Parked, Runner, Source, Stats};
 use idem_runtime::store::StoreRef;
 use idem_runtime::store::memory::MemoryStore;
 use idem_runtime::{ManualClock, idempotent};
@@ -37,8 +41,10 @@ pub const EVENT: &str = "SETTLE";
 #[async_trait::async_trait]
 pub trait Broker: Send + Sync + 'static {
     type Src: Source + 'static;
-    /// Publishes raw bytes.
-    async fn publish_raw(&self, body: Vec<u8>);
+    /// Publishes with the adapter's typed `publish`.
+    async fn publish(&self, order: &OrderPaid);
+    /// Publishes bytes as they are, with the adapter's `publish_raw`.
+    async fn publish_raw(&self, body: &[u8], message_id: Option<&str>);
     /// A consumer in the shared group, on a connection of its own.
     async fn consumer(&self, name: &str) -> Self::Src;
     /// The same, set up to hand out `concurrency` deliveries at once (a
@@ -47,8 +53,16 @@ pub trait Broker: Send + Sync + 'static {
         let _ = concurrency;
         self.consumer(name).await
     }
-    /// The parked messages: each one's body and reason, leaving them parked.
-    async fn parked(&self) -> Vec<(Vec<u8>, String)>;
+    /// The parked messages, read with the adapter's `parked`, which leaves
+    /// them parked.
+    async fn parked(&self) -> Vec<Parked>;
+    /// The stream or queue the consumers read: a parked message's origin.
+    fn origin(&self) -> String;
+    /// Whether parked messages wait in a stream, which gives each a time and
+    /// a position (not in a queue).
+    fn parking_is_a_stream(&self) -> bool {
+        true
+    }
     /// No message waits to be delivered, redelivered or acked.
     async fn drained(&self) -> bool;
     /// Deletes what the test created.
@@ -61,7 +75,7 @@ pub trait Broker: Send + Sync + 'static {
 }
 
 pub async fn publish<B: Broker>(broker: &B, order: &OrderPaid) {
-    broker.publish_raw(serde_json::to_vec(order).unwrap()).await;
+    broker.publish(order).await;
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -200,7 +214,7 @@ pub async fn settle(ledger: Arc<Ledger>, e: OrderPaid) -> Result<(), SettleError
 
 /// The runner the scenarios use: short delays so the suite is quick.
 pub fn runner() -> Runner {
-    Runner::new(SCOPE, EVENT)
+    Runner::new()
         .max_deliveries(3)
         .backoff(Duration::from_millis(100), Duration::from_millis(400))
         .in_progress_delay(Duration::from_millis(300))

@@ -111,7 +111,7 @@ pub async fn poison_is_parked<B: Broker>(broker: B) {
     let ledger = Ledger::new(MemoryStore::new());
     let runner = runner();
     publish(&broker, &order("poison-1")).await;
-    broker.publish_raw(b"{\"order_id\": 7".to_vec()).await;
+    broker.publish_raw(b"{\"order_id\": 7", None).await;
     let task = spawn::<B>(broker.consumer("c1").await, &runner, &ledger);
     eventually("both are parked", || async {
         runner.stats().parked == 2 && broker.drained().await
@@ -127,7 +127,12 @@ pub async fn poison_is_parked<B: Broker>(broker: B) {
     );
     let stats = runner.stats();
     assert_eq!((stats.retried, stats.parked), (2, 2), "{stats:?}");
-    let mut reasons: Vec<String> = broker.parked().await.into_iter().map(|(_, r)| r).collect();
+    let mut reasons: Vec<String> = broker
+        .parked()
+        .await
+        .into_iter()
+        .map(|p| p.reason)
+        .collect();
     reasons.sort();
     assert_eq!(reasons.len(), 2, "{reasons:?}");
     assert!(
@@ -380,7 +385,7 @@ pub async fn poison_is_parked_under_concurrency<B: Broker>(broker: B) {
     let ledger = Ledger::new(MemoryStore::new());
     let runner = runner().concurrency(4);
     publish(&broker, &order("poison-1")).await;
-    broker.publish_raw(b"{\"order_id\": 7".to_vec()).await;
+    broker.publish_raw(b"{\"order_id\": 7", None).await;
     for i in 0..20 {
         publish(&broker, &order(format!("par-{i}"))).await;
     }
@@ -399,7 +404,12 @@ pub async fn poison_is_parked_under_concurrency<B: Broker>(broker: B) {
     assert!(effects.values().all(|n| *n == 1), "{effects:?}");
     let stats = runner.stats();
     assert_eq!((stats.retried, stats.parked), (2, 2), "{stats:?}");
-    let mut reasons: Vec<String> = broker.parked().await.into_iter().map(|(_, r)| r).collect();
+    let mut reasons: Vec<String> = broker
+        .parked()
+        .await
+        .into_iter()
+        .map(|p| p.reason)
+        .collect();
     reasons.sort();
     assert_eq!(reasons.len(), 2, "{reasons:?}");
     assert!(

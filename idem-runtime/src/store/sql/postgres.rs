@@ -449,6 +449,7 @@ impl PgStoreBuilder {
     /// # async fn start() -> Result<(), Box<dyn std::error::Error>> {
     /// let pool = PgPool::connect("postgres://app@127.0.0.1:5432/orders").await?;
     /// let store = idem_runtime::store::sql::PgStore::builder().pool(pool.clone()).await?;
+    /// // MySQL and MariaDB: MySqlStore::builder().pool(pool.clone()).await?
     /// # Ok(())
     /// # }
     /// ```

@@ -316,6 +316,13 @@ impl SqliteStore {
     }
 
     /// Opens (creating if missing) the database file at `path`.
+    ///
+    /// ```no_run
+    /// # async fn start() -> Result<(), idem_runtime::StoreError> {
+    /// idem_runtime::install(idem_runtime::store::sql::SqliteStore::open("idem.db").await?);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn open(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
         SqliteStore::builder().open(path).await
     }

@@ -1,0 +1,464 @@
+//! `Runner::run_in_tx` / `process_in_tx`: the runner begins a transaction per
+//! delivery, the handler's `tx = tx` call records on it, and the runner
+//! commits on `Ok` (then acks) or rolls back on `Err`, a panic or a failed
+//! commit (then redelivers). Deliveries are in-process (`testing::Memory`);
+//! the broker adapters are covered by the consumer suites.
+//!
+//! SQLite runs here with no server; PostgreSQL (a commit that fails on a
+//! deferred constraint) against the local server, failed under
+//! IDEM_REQUIRE_SERVICES=1 when unreachable.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem_runtime::Key;
+use idem_runtime::consumer::testing::Memory;
+use idem_runtime::consumer::{Acked, Action, BrokerError, Runner, Source};
+use idem_runtime::idempotent;
+use idem_runtime::store::sql::SqliteStore;
+use idem_runtime::store::{RecordState, Store};
+use serde::{Deserialize, Serialize};
+use sqlx::{Sqlite, Transaction};
+
+#[derive(Debug, thiserror::Error)]
+enum SettleError {
+    #[error(transparent)]
+    Idem(#[from] idem_runtime::Error),
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+    #[error("the bank refused")]
+    Refused,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct OrderPaid {
+    order_id: String,
+    amount_cents: i64,
+    /// Makes the handler fail after its write: `"err"` or `"panic"`.
+    #[serde(default)]
+    fail: Option<String>,
+}
+
+const SCOPE: &str = "tests.consumer_tx.settle";
+
+static RUNS: AtomicUsize = AtomicUsize::new(0);
+
+/// Writes the settlement on the runner's transaction; the record rides along.
+#[idempotent(consumer, event = "SETTLE", key = "e.order_id", scope = "tests.consumer_tx.settle", tx = tx)]
+async fn settle(tx: &mut Transaction<'_, Sqlite>, e: OrderPaid) -> Result<(), SettleError> {
+    RUNS.fetch_add(1, Ordering::SeqCst);
+    sqlx::query("INSERT INTO settlements (order_id, amount_cents) VALUES (?1, ?2)")
+        .bind(&e.order_id)
+        .bind(e.amount_cents)
+        .execute(&mut **tx)
+        .await?;
+    match e.fail.as_deref() {
+        Some("err") => Err(SettleError::Refused),
+        Some("panic") => panic!("the handler blew up after its write"),
+        _ => Ok(()),
+    }
+}
+
+async fn sqlite() -> SqliteStore {
+    let store = SqliteStore::in_memory().await.expect("in-memory sqlite");
+    // No unique key: a second run of the body would be a second row.
+    sqlx::query("CREATE TABLE settlements (order_id TEXT NOT NULL, amount_cents INTEGER NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    store
+}
+
+async fn rows(store: &SqliteStore, order_id: &str) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(*) FROM settlements WHERE order_id = ?1")
+        .bind(order_id)
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
+fn payload(order_id: &str, fail: Option<&str>) -> Vec<u8> {
+    serde_json::to_vec(&OrderPaid {
+        order_id: order_id.to_owned(),
+        amount_cents: 1250,
+        fail: fail.map(str::to_owned),
+    })
+    .unwrap()
+}
+
+fn key(order_id: &str) -> Key {
+    Key::builder(SCOPE).part("SETTLE").part(order_id).finish()
+}
+
+fn runner() -> Runner {
+    Runner::new()
+        .max_deliveries(3)
+        .backoff(Duration::from_millis(10), Duration::from_millis(10))
+}
+
+fn handler<'t>(
+    tx: &'t mut Transaction<'static, Sqlite>,
+    e: OrderPaid,
+) -> futures_util::future::BoxFuture<'t, Result<(), SettleError>> {
+    Box::pin(settle(tx, e))
+}
+
+#[tokio::test]
+async fn ok_commits_the_write_and_the_record_then_acks_and_a_duplicate_replays() {
+    let store = sqlite().await;
+    let runner = runner();
+    let delivery = Memory::new(&payload("o-ok", None));
+    let log = delivery.log();
+    let action = runner
+        .process_in_tx(delivery, store.pool(), &handler)
+        .await
+        .unwrap();
+    assert_eq!(action, Action::Acked(Acked::Processed));
+    assert_eq!(*log.lock().unwrap(), ["ack"]);
+    // Committed: the row and the record are visible on another connection.
+    assert_eq!(rows(&store, "o-ok").await, 1);
+    let record = store
+        .inspect(&key("o-ok"))
+        .await
+        .unwrap()
+        .expect("a record");
+    assert_eq!(record.state, RecordState::Done);
+
+    let again = runner
+        .process_in_tx(Memory::new(&payload("o-ok", None)), store.pool(), &handler)
+        .await
+        .unwrap();
+    assert_eq!(again, Action::Acked(Acked::Deduplicated));
+    assert_eq!(rows(&store, "o-ok").await, 1);
+    let stats = runner.stats();
+    assert_eq!((stats.processed, stats.deduplicated), (1, 1));
+}
+
+#[tokio::test]
+async fn err_rolls_back_the_write_and_the_claim_and_redelivers() {
+    let store = sqlite().await;
+    let runner = runner();
+    let delivery = Memory::new(&payload("o-err", Some("err")));
+    let log = delivery.log();
+    let action = runner
+        .process_in_tx(delivery, store.pool(), &handler)
+        .await
+        .unwrap();
+    assert!(
+        matches!(action, Action::Retried { attempt: 1, .. }),
+        "{action:?}"
+    );
+    assert!(log.lock().unwrap()[0].starts_with("retry"), "{log:?}");
+    // Rolled back: no row, and no claim holding the key.
+    assert_eq!(rows(&store, "o-err").await, 0);
+    assert!(store.inspect(&key("o-err")).await.unwrap().is_none());
+
+    // The redelivery (now succeeding) runs the body at once: nothing waits
+    // for a lease.
+    let before = RUNS.load(Ordering::SeqCst);
+    let action = runner
+        .process_in_tx(
+            Memory::new(&payload("o-err", None)).attempt(2),
+            store.pool(),
+            &handler,
+        )
+        .await
+        .unwrap();
+    assert_eq!(action, Action::Acked(Acked::Processed));
+    assert!(RUNS.load(Ordering::SeqCst) > before);
+    assert_eq!(rows(&store, "o-err").await, 1);
+}
+
+#[tokio::test]
+async fn the_last_failed_delivery_is_parked_with_the_handlers_error() {
+    let store = sqlite().await;
+    let runner = runner();
+    let action = runner
+        .process_in_tx(
+            Memory::new(&payload("o-park", Some("err"))).attempt(3),
+            store.pool(),
+            &handler,
+        )
+        .await
+        .unwrap();
+    let Action::Parked { reason } = action else {
+        panic!("{action:?}")
+    };
+    assert!(reason.contains("Refused"), "{reason}");
+    assert!(reason.contains("rolled back"), "{reason}");
+    assert_eq!(rows(&store, "o-park").await, 0);
+}
+
+#[tokio::test]
+async fn a_panic_rolls_back_and_frees_the_key_at_once() {
+    let store = sqlite().await;
+    let runner = runner();
+    let action = runner
+        .process_in_tx(
+            Memory::new(&payload("o-panic", Some("panic"))),
+            store.pool(),
+            &handler,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(action, Action::Retried { .. }), "{action:?}");
+    assert_eq!(rows(&store, "o-panic").await, 0);
+    // The transaction died with the unwinding: no PROCESSING claim is left
+    // to wait out (without `tx` it would hold the key for its lease).
+    assert!(store.inspect(&key("o-panic")).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn a_transaction_that_cannot_begin_runs_nothing_and_redelivers() {
+    let store = sqlite().await;
+    let runner = runner();
+    let pool = store.pool().clone();
+    pool.close().await;
+    let before = RUNS.load(Ordering::SeqCst);
+    let action = runner
+        .process_in_tx(Memory::new(&payload("o-closed", None)), &pool, &handler)
+        .await
+        .unwrap();
+    assert!(matches!(action, Action::Retried { .. }), "{action:?}");
+    assert_eq!(RUNS.load(Ordering::SeqCst), before);
+}
+
+/// Deliveries from a channel: enough of a broker to drive `run_in_tx`.
+struct Channel(tokio::sync::mpsc::UnboundedReceiver<Memory>);
+
+#[async_trait::async_trait]
+impl Source for Channel {
+    type Delivery = Memory;
+    async fn next(&mut self) -> Result<Memory, BrokerError> {
+        self.0.recv().await.ok_or_else(|| {
+            BrokerError::new(
+                "channel",
+                std::io::Error::new(std::io::ErrorKind::BrokenPipe, "closed"),
+            )
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_in_tx_on_a_spawned_task_settles_each_order_once() {
+    let store = sqlite().await;
+    let pool = store.pool().clone();
+    let (send, recv) = tokio::sync::mpsc::unbounded_channel();
+    let runner = runner().concurrency(4);
+    let stats = runner.clone();
+    // Spawned: the runner's future with a closure handler is `Send`.
+    let task = tokio::spawn(async move {
+        runner
+            .run_in_tx(Channel(recv), &pool, |tx, e| Box::pin(settle(tx, e)))
+            .await
+    });
+    let mut logs = Vec::new();
+    for i in 0..20 {
+        // Every order twice.
+        for _ in 0..2 {
+            let d = Memory::new(&payload(&format!("o-run-{i}"), None));
+            logs.push(d.log());
+            send.send(d).unwrap();
+        }
+    }
+    drop(send);
+    let err = tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .expect("the runner ends when the channel closes")
+        .unwrap();
+    assert!(err.to_string().contains("closed"), "{err}");
+    for i in 0..20 {
+        assert_eq!(rows(&store, &format!("o-run-{i}")).await, 1);
+    }
+    assert!(logs.iter().all(|l| *l.lock().unwrap() == ["ack"]));
+    let s = stats.stats();
+    assert_eq!((s.processed, s.deduplicated, s.acked), (20, 20, 40));
+}
+
+mod postgres {
+    //! A commit that fails: the handler's call recorded `Ok`, but nothing of
+    //! it lasted, so the runner must not ack.
+
+    use super::*;
+    use idem_runtime::store::sql::PgStore;
+    use idem_tests::services;
+    use sqlx::Postgres;
+
+    #[idempotent(consumer, event = "SETTLE", key = "e.order_id", scope = "tests.consumer_tx.pg", tx = tx)]
+    async fn settle_pg(
+        tx: &mut Transaction<'_, Postgres>,
+        e: OrderPaid,
+    ) -> Result<(), SettleError> {
+        // The deferred unique key is checked at COMMIT: a second row for the
+        // order (written here on purpose when `fail` says so) fails the commit.
+        let copies = if e.fail.as_deref() == Some("commit") {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            sqlx::query("INSERT INTO consumer_tx_settlements (order_id) VALUES ($1)")
+                .bind(&e.order_id)
+                .execute(&mut **tx)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn pg() -> Option<PgStore> {
+        let url = services::postgres_url();
+        let store = services::reachable("PostgreSQL", &url, PgStore::connect(&url).await)?;
+        static TABLE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+        TABLE
+            .get_or_init(|| async {
+                sqlx::query(
+                    "CREATE TABLE IF NOT EXISTS consumer_tx_settlements (order_id TEXT NOT NULL, \
+                     CONSTRAINT consumer_tx_one_per_order UNIQUE (order_id) DEFERRABLE INITIALLY DEFERRED)",
+                )
+                .execute(store.pool())
+                .await
+                .unwrap();
+            })
+            .await;
+        Some(store)
+    }
+
+    fn order_id(case: &str) -> String {
+        format!(
+            "{case}-{}-{:?}",
+            std::process::id(),
+            idem_runtime::store::Token::random().as_bytes()
+        )
+    }
+
+    fn handler<'t>(
+        tx: &'t mut Transaction<'static, Postgres>,
+        e: OrderPaid,
+    ) -> futures_util::future::BoxFuture<'t, Result<(), SettleError>> {
+        Box::pin(settle_pg(tx, e))
+    }
+
+    #[tokio::test]
+    async fn a_commit_that_fails_is_not_acked_and_leaves_no_record() {
+        let Some(store) = pg().await else { return };
+        let runner = runner();
+        let id = order_id("commit");
+        let delivery = Memory::new(&payload(&id, Some("commit")));
+        let log = delivery.log();
+        let action = runner
+            .process_in_tx(delivery, store.pool(), &handler)
+            .await
+            .unwrap();
+        assert!(
+            matches!(action, Action::Retried { attempt: 1, .. }),
+            "{action:?}"
+        );
+        assert!(log.lock().unwrap()[0].starts_with("retry"), "{log:?}");
+        let k = Key::builder("tests.consumer_tx.pg")
+            .part("SETTLE")
+            .part(&id)
+            .finish();
+        assert!(store.inspect(&k).await.unwrap().is_none());
+        let n: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM consumer_tx_settlements WHERE order_id = $1")
+                .bind(&id)
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
+        assert_eq!(n, 0);
+
+        // The redelivery that commits is processed, once.
+        let action = runner
+            .process_in_tx(
+                Memory::new(&payload(&id, None)).attempt(2),
+                store.pool(),
+                &handler,
+            )
+            .await
+            .unwrap();
+        assert_eq!(action, Action::Acked(Acked::Processed));
+        let record = store.inspect(&k).await.unwrap().expect("a record");
+        assert_eq!(record.state, RecordState::Done);
+    }
+}
+
+/// The runner's metrics carry the handler's `scope` and `event`, with no
+/// strings given to the runner; a delivery that never reaches the call
+/// carries the last call's labels, or `unknown` before any.
+#[test]
+fn the_runners_metrics_are_labelled_by_the_handlers_attribute() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let parked = |snapshot: &[(metrics_util::CompositeKey, DebugValue)], scope: &str| -> u64 {
+        snapshot
+            .iter()
+            .filter(|(k, _)| {
+                let key = k.key();
+                key.name() == "idem_consumer_parked_total"
+                    && key
+                        .labels()
+                        .any(|l| l.key() == "scope" && l.value() == scope)
+            })
+            .map(|(_, v)| match v {
+                DebugValue::Counter(n) => *n,
+                _ => 0,
+            })
+            .sum()
+    };
+    metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let store = sqlite().await;
+                let runner = runner();
+                // A poison message first: no call has told the runner whose it is.
+                runner
+                    .process_in_tx(Memory::new(b"not json"), store.pool(), &handler)
+                    .await
+                    .unwrap();
+                let snapshot: Vec<_> = snapshotter
+                    .snapshot()
+                    .into_vec()
+                    .into_iter()
+                    .map(|(k, _, _, v)| (k, v))
+                    .collect();
+                assert_eq!(parked(&snapshot, "unknown"), 1);
+
+                runner
+                    .process_in_tx(
+                        Memory::new(&payload("o-labels", None)),
+                        store.pool(),
+                        &handler,
+                    )
+                    .await
+                    .unwrap();
+                runner
+                    .process_in_tx(Memory::new(b"not json"), store.pool(), &handler)
+                    .await
+                    .unwrap();
+                let snapshot: Vec<_> = snapshotter
+                    .snapshot()
+                    .into_vec()
+                    .into_iter()
+                    .map(|(k, _, _, v)| (k, v))
+                    .collect();
+                let labelled = |name: &str| {
+                    snapshot.iter().any(|(k, _)| {
+                        let key = k.key();
+                        key.name() == name
+                            && key
+                                .labels()
+                                .any(|l| l.key() == "scope" && l.value() == SCOPE)
+                            && key
+                                .labels()
+                                .any(|l| l.key() == "event" && l.value() == "SETTLE")
+                    })
+                };
+                assert!(labelled("idem_consumer_processed_total"), "{snapshot:?}");
+                assert_eq!(parked(&snapshot, SCOPE), 1, "{snapshot:?}");
+            });
+    });
+}
