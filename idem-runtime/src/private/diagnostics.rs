@@ -34,8 +34,8 @@ use std::marker::PhantomData;
 use serde::Serialize;
 
 use crate::key::{Fingerprint, Key};
+use crate::protocol::args::CallArgs;
 use crate::protocol::{self, FromIdemError, Spec, StorableError, StoredForm, ViaSerde};
-use crate::recovery::args::CallArgs;
 use crate::store::StoreRef;
 use crate::store::tx::AsTxConnection;
 

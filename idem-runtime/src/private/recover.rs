@@ -16,8 +16,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::CodecError;
+use crate::protocol::args::CallArgs;
 use crate::recovery::Ended;
-use crate::recovery::args::CallArgs;
 
 /// The `Serialize` half of [`RecoverableArg`], checked first and alone.
 #[diagnostic::on_unimplemented(

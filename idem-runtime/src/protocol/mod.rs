@@ -13,12 +13,17 @@
 //!   (was it a replay; what the consumer runner must tell the broker) and to
 //!   the metrics.
 //! - `compensate.rs`: giving up a flow and undoing its finished steps.
+//! - `args.rs`: a recoverable call's arguments as stored with its claim
+//!   (sealed, capped); `recovering.rs`: what a recovery worker tells the call
+//!   it runs. The worker itself is `crate::recovery`, which calls into here.
 
+pub(crate) mod args;
 mod claim;
 mod compensate;
 mod heartbeat;
 mod hint;
 mod record;
+pub(crate) mod recovering;
 pub(crate) mod report;
 
 use std::future::Future;
@@ -31,9 +36,9 @@ use crate::error::Error;
 use crate::flow::{self, FlowContext};
 use crate::key::{Fingerprint, Key};
 use crate::observe::{self, CallOutcome};
-use crate::recovery::{self, args::CallArgs};
 use crate::store::tx::{AsTxConnection, TxConnection};
 use crate::store::{ClaimRequest, RecoveryArgs, StoreRef, Token};
+use args::CallArgs;
 
 pub use crate::spec::{Kind, Spec};
 
@@ -527,7 +532,7 @@ where
     // The first call a recovery runs must claim the abandoned record's key.
     let recovering = match spec.kind {
         Kind::Step => None,
-        _ => recovery::context::check(&key),
+        _ => recovering::check(&key),
     };
     if recovering == Some(false) {
         tracing::error!(scope = spec.scope, key = %key.short(), "a recovered call derived another key from its stored arguments; not claiming it");
@@ -539,8 +544,7 @@ where
     let span = tracing::debug_span!("idem", scope = spec.scope, key = %key.short(), fence = tracing::field::Empty);
     async move {
         let token = Token::random();
-        let sealed =
-            args.map(|a| recovery::args::seal(&key, spec.scope, &a, store.max_result_bytes()));
+        let sealed = args.map(|a| args::seal(&key, spec.scope, &a, store.max_result_bytes()));
         let recovery = sealed.as_deref().map(|args| RecoveryArgs {
             scope: spec.scope,
             args,

@@ -38,17 +38,15 @@
 //! - `registry.rs`: [`Recovery`], which function resumes which scope, and
 //!   [`Recoverable`], what `recoverable!` returns;
 //! - `worker.rs`: [`Worker`], its passes and turns;
-//! - `args.rs`: the arguments as stored: sealed under the key secret,
-//!   capped like results;
-//! - `context.rs`: what the worker tells the call it runs (the key it must
-//!   claim) and learns back;
+//! - the arguments as stored (sealed under the key secret, capped like
+//!   results) and what the worker tells the call it runs (the key it must
+//!   claim) are the call's side: `protocol/args.rs` and
+//!   `protocol/recovering.rs`;
 //! - `metrics.rs`: `idem_recovery_*`.
 //!
 //! See the README's "Recovery" for what is stored, what runs again and what
 //! it does not cover.
 
-pub(crate) mod args;
-pub(crate) mod context;
 mod metrics;
 mod registry;
 mod worker;

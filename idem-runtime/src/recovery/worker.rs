@@ -9,12 +9,13 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use super::context::{self, Expectation, Met};
+use super::metrics;
 use super::registry::{Ended, Recoverable, Recovery};
-use super::{args, metrics};
 use crate::clock::{Clock, SystemClock};
 use crate::error::StoreError;
 use crate::observe::CallOutcome;
+use crate::protocol::args;
+use crate::protocol::recovering::{self as context, Expectation, Met};
 use crate::protocol::report::{self, Noted};
 use crate::store::{Abandoned, AsStore, RecoveryTurn, StoreRef, Turn};
 
