@@ -19,7 +19,7 @@ use crate::protocol::StoredForm;
 
 use super::key::KeyRules;
 use super::problem::{NO_CALLER, for_error, problem};
-use super::stored::never_replayed;
+use super::stored::storable;
 
 /// The [`StoredForm`] marker of axum's response types: `Json<T>` is stored as
 /// the JSON of `T`, `(StatusCode, Json<T>)` as the status and that JSON,
@@ -114,22 +114,9 @@ struct WithHeaders<T> {
     body: T,
 }
 
-/// The headers a handler set, as stored: those a replay must never carry
-/// (`Set-Cookie`, the connection's own) are left out, as the layer does, and
-/// a value that is not visible ASCII is left out with a warning (JSON holds
-/// text).
+/// The headers a handler set, as stored: by the layer's rule (`storable`).
 fn stored_headers(headers: &HeaderMap) -> Vec<(&str, &str)> {
-    headers
-        .iter()
-        .filter(|(name, _)| !never_replayed(name))
-        .filter_map(|(name, value)| match value.to_str() {
-            Ok(v) => Some((name.as_str(), v)),
-            Err(_) => {
-                tracing::warn!(header = %name, "header value is not visible ASCII; not stored");
-                None
-            }
-        })
-        .collect()
+    headers.iter().filter_map(|(n, v)| storable(n, v)).collect()
 }
 
 fn encode_with_headers<T: Serialize>(

@@ -36,6 +36,26 @@ pub(crate) fn never_replayed(name: &HeaderName) -> bool {
     NAMES.contains(&name.as_str())
 }
 
+/// One header as a record keeps it: `None` for a header a replay never
+/// carries, and for a value that is not visible ASCII (JSON holds text),
+/// which is logged. The layer and the attribute path's `HeaderMap` results
+/// both store headers through it.
+pub(crate) fn storable<'a>(
+    name: &'a HeaderName,
+    value: &'a HeaderValue,
+) -> Option<(&'a str, &'a str)> {
+    if never_replayed(name) {
+        return None;
+    }
+    match value.to_str() {
+        Ok(v) => Some((name.as_str(), v)),
+        Err(_) => {
+            tracing::warn!(header = %name, "header value is not visible ASCII; not stored");
+            None
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct StoredResponse {
     status: u16,
@@ -68,15 +88,9 @@ impl StoredResponse {
         }
         let headers = names
             .into_iter()
-            .filter(|name| !never_replayed(name))
             .flat_map(|name| headers.get_all(name).iter().map(move |v| (name, v)))
-            .filter_map(|(name, v)| match v.to_str() {
-                Ok(s) => Some((name.as_str().to_owned(), s.to_owned())),
-                Err(_) => {
-                    tracing::warn!(header = %name, "header value is not visible ASCII; not stored");
-                    None
-                }
-            })
+            .filter_map(|(name, v)| storable(name, v))
+            .map(|(name, v)| (name.to_owned(), v.to_owned()))
             .collect();
         let body = match std::str::from_utf8(body) {
             Ok(s) => StoredBody::Text(s.to_owned()),
