@@ -157,6 +157,110 @@ async fn sqlite_concurrent_duplicate_waits_for_the_writer_and_replays() {
     let _ = std::fs::remove_file(&path);
 }
 
+/// A `()` result is known before the body runs: the claim writes the record
+/// DONE at once and no completion follows (`TxConnection::claim_done`).
+#[idempotent(key = "order_no", tx = tx, scope = "tx-tests.sqlite.settle")]
+async fn settle(
+    tx: &mut Transaction<'_, Sqlite>,
+    order_no: String,
+    decline: bool,
+) -> Result<(), AppError> {
+    sqlx::query("INSERT INTO orders (order_no) VALUES (?1)")
+        .bind(&order_no)
+        .execute(&mut **tx)
+        .await?;
+    if decline {
+        return Err(AppError::Declined);
+    }
+    Ok(())
+}
+
+fn settle_key(order_no: &str) -> Key {
+    Key::builder("tx-tests.sqlite.settle")
+        .part(order_no)
+        .finish()
+}
+
+/// The record written DONE by the claim commits with the body's insert and
+/// replays; rolled back, it goes with the insert. A second run of the body
+/// would fail on the UNIQUE order number, so an `Ok` replay proves it did
+/// not run.
+#[tokio::test]
+async fn sqlite_a_unit_result_is_done_from_the_claim_and_commits_or_rolls_back_with_the_body() {
+    let store = sqlite().await;
+    // sqlx runs SQLite's statements on a worker thread of its own, out of
+    // sight of the statement recorder: a trigger counts the record's updates
+    // instead. A completion is an UPDATE; the claim of a fresh key, an INSERT.
+    for ddl in [
+        "CREATE TABLE record_updates (state INTEGER NOT NULL)",
+        "CREATE TRIGGER count_record_updates AFTER UPDATE ON idem_records
+         BEGIN INSERT INTO record_updates VALUES (NEW.state); END",
+    ] {
+        sqlx::query(ddl).execute(store.pool()).await.unwrap();
+    }
+    let mut tx = store.pool().begin().await.unwrap();
+    settle(&mut tx, "u-1".into(), false).await.unwrap();
+    let updates: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM record_updates")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(
+        updates, 0,
+        "a first call: the claim inserts it DONE, no completion"
+    );
+    let state: i64 = sqlx::query_scalar("SELECT state FROM idem_records")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(state, 2, "DONE from the claim on");
+    tx.rollback().await.unwrap();
+    assert!(store.inspect(&settle_key("u-1")).await.unwrap().is_none());
+    assert_eq!(count_orders(&store).await, 0);
+
+    let mut tx = store.pool().begin().await.unwrap();
+    settle(&mut tx, "u-1".into(), false).await.unwrap();
+    tx.commit().await.unwrap();
+    let record = store.inspect(&settle_key("u-1")).await.unwrap().unwrap();
+    assert_eq!(record.state, RecordState::Done);
+
+    let mut tx = store.pool().begin().await.unwrap();
+    settle(&mut tx, "u-1".into(), false)
+        .await
+        .expect("a replay of the committed call, not a second insert");
+    tx.commit().await.unwrap();
+    assert_eq!(count_orders(&store).await, 1);
+}
+
+/// An `Err` from the body releases the record the claim wrote DONE, so a
+/// caller that commits after the error leaves the key free: the retry runs
+/// the body (and meets the declined attempt's order row).
+#[tokio::test]
+async fn sqlite_a_unit_result_that_fails_releases_the_record_the_claim_wrote_done() {
+    let store = sqlite().await;
+    let mut tx = store.pool().begin().await.unwrap();
+    let err = settle(&mut tx, "u-2".into(), true).await.unwrap_err();
+    assert!(matches!(err, AppError::Declined), "{err:?}");
+    tx.commit().await.unwrap();
+    let record = store.inspect(&settle_key("u-2")).await.unwrap();
+    assert!(record.is_none(), "the failed call left {record:?}");
+
+    let mut tx = store.pool().begin().await.unwrap();
+    let retry = settle(&mut tx, "u-2".into(), false).await;
+    assert!(matches!(retry, Err(AppError::Db(_))), "{retry:?}");
+    tx.rollback().await.unwrap();
+    // Once the row is gone the retry takes the released record over, DONE.
+    sqlx::query("DELETE FROM orders")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let mut tx = store.pool().begin().await.unwrap();
+    settle(&mut tx, "u-2".into(), false).await.unwrap();
+    tx.commit().await.unwrap();
+    let record = store.inspect(&settle_key("u-2")).await.unwrap().unwrap();
+    assert_eq!(record.state, RecordState::Done);
+    assert_eq!(record.fence, 2, "the released record's fence grew");
+}
+
 /// SQLite has one writer: a store caller's claim waits for a transaction
 /// holding the write lock (up to the busy timeout) with its clock read before.
 /// Once it wins, its lease counts from then: a third caller is busy, not a
@@ -502,6 +606,133 @@ mod postgres {
         tx.commit().await.unwrap();
         assert_eq!(replay.len(), 1, "a replay: the claim alone: {replay:#?}");
         assert!(!body(&replay[0]), "{replay:#?}");
+        assert_eq!(orders(&store, &no).await, 1);
+    }
+
+    /// A `()` result: the claim writes the record DONE at once.
+    #[idempotent(key = "order_no", tx = tx, scope = "tx-tests.pg.settle")]
+    async fn settle(
+        tx: &mut Transaction<'_, Postgres>,
+        order_no: String,
+        decline: bool,
+    ) -> Result<(), AppError> {
+        sqlx::query("INSERT INTO tx_test_orders (order_no) VALUES ($1)")
+            .bind(&order_no)
+            .execute(&mut **tx)
+            .await?;
+        if decline {
+            return Err(AppError::Declined);
+        }
+        Ok(())
+    }
+
+    fn settle_key(order_no: &str) -> Key {
+        Key::builder("tx-tests.pg.settle").part(order_no).finish()
+    }
+
+    /// With a `()` result a first call adds one statement to the caller's
+    /// transaction, as the reference notes' dedup row does: the claim, which
+    /// writes the record DONE. A replay is the claim alone.
+    #[tokio::test]
+    async fn a_unit_result_adds_one_statement_and_a_replay_one() {
+        let Some(store) = pg().await else { return };
+        let no = order_no("unit-statements");
+        let body = |sql: &String| sql.contains("tx_test_orders");
+
+        let mut tx = store.pool().begin().await.unwrap();
+        let seen = Statements::record();
+        settle(&mut tx, no.clone(), false).await.unwrap();
+        let first = seen.take();
+        assert!(
+            store.inspect(&settle_key(&no)).await.unwrap().is_none(),
+            "uncommitted, so invisible outside"
+        );
+        tx.commit().await.unwrap();
+        assert_eq!(
+            first.iter().map(body).collect::<Vec<_>>(),
+            [false, true],
+            "a first call: the claim, then the body; no completion: {first:#?}"
+        );
+        let record = store.inspect(&settle_key(&no)).await.unwrap().unwrap();
+        assert_eq!(record.state, RecordState::Done);
+
+        let mut tx = store.pool().begin().await.unwrap();
+        seen.take();
+        settle(&mut tx, no.clone(), false)
+            .await
+            .expect("a replay, not a second insert of the UNIQUE order number");
+        let replay = seen.take();
+        tx.commit().await.unwrap();
+        assert_eq!(replay.len(), 1, "a replay: the claim alone: {replay:#?}");
+        assert_eq!(orders(&store, &no).await, 1);
+    }
+
+    /// A duplicate blocks on the uncommitted DONE record, then replays it
+    /// once the first transaction commits; if that transaction rolls back
+    /// instead, the duplicate runs the body itself.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_unit_duplicate_waits_for_the_first_transaction_then_replays_or_runs() {
+        let Some(store) = pg().await else { return };
+        for commit in [true, false] {
+            let no = order_no(if commit {
+                "unit-commit"
+            } else {
+                "unit-rollback"
+            });
+            let mut first = store.pool().begin().await.unwrap();
+            settle(&mut first, no.clone(), false).await.unwrap();
+            let (pool, dup_no) = (store.pool().clone(), no.clone());
+            let duplicate = tokio::spawn(async move {
+                let mut tx = pool.begin().await.unwrap();
+                let out = settle(&mut tx, dup_no, false).await;
+                tx.commit().await.unwrap();
+                out
+            });
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert!(
+                !duplicate.is_finished(),
+                "the duplicate waits on the record"
+            );
+            if commit {
+                first.commit().await.unwrap();
+            } else {
+                first.rollback().await.unwrap();
+            }
+            duplicate.await.unwrap().unwrap();
+            assert_eq!(orders(&store, &no).await, 1, "commit = {commit}");
+            let record = store.inspect(&settle_key(&no)).await.unwrap().unwrap();
+            assert_eq!(record.state, RecordState::Done, "commit = {commit}");
+        }
+    }
+
+    /// An `Err` releases the record the claim wrote DONE: a caller that
+    /// commits anyway leaves the key free, and the retry takes the released
+    /// record over (the update branch of the claim, DONE again).
+    #[tokio::test]
+    async fn a_unit_result_that_fails_releases_its_record_and_the_retry_takes_it() {
+        let Some(store) = pg().await else { return };
+        let no = order_no("unit-declined");
+        let mut tx = store.pool().begin().await.unwrap();
+        let err = settle(&mut tx, no.clone(), true).await.unwrap_err();
+        assert!(matches!(err, AppError::Declined), "{err:?}");
+        tx.commit().await.unwrap();
+        let record = store.inspect(&settle_key(&no)).await.unwrap();
+        assert!(record.is_none(), "the failed call left {record:?}");
+        sqlx::query("DELETE FROM tx_test_orders WHERE order_no = $1")
+            .bind(&no)
+            .execute(store.pool())
+            .await
+            .unwrap();
+
+        let mut tx = store.pool().begin().await.unwrap();
+        settle(&mut tx, no.clone(), false).await.unwrap();
+        tx.commit().await.unwrap();
+        let record = store.inspect(&settle_key(&no)).await.unwrap().unwrap();
+        assert_eq!(record.state, RecordState::Done);
+        assert_eq!(record.fence, 2, "the released record's fence grew");
+        let mut tx = store.pool().begin().await.unwrap();
+        settle(&mut tx, no.clone(), false).await.expect("replayed");
+        tx.commit().await.unwrap();
         assert_eq!(orders(&store, &no).await, 1);
     }
 

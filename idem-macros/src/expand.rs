@@ -275,9 +275,19 @@ pub(crate) fn idempotent(plan: &Plan<'_>, func: &ItemFn, krate: &Path) -> TokenS
         None => body_block(func),
         Some(tx) => tx_body(func, tx),
     };
+    // A `()` result is known before the body runs: the claim writes the
+    // record DONE at once, on the caller's transaction (`TxConnection::claim_done`).
+    let known = match plan.ok_type {
+        Some(syn::Type::Tuple(unit)) if unit.elems.is_empty() => {
+            quote!(#krate::__private::Some(()))
+        }
+        _ => quote!(#krate::__private::None),
+    };
     let call = match (&plan.tx, &plan.final_err, &plan.recover) {
         (Some(tx), _, _) => quote! {
-            __idem_dispatch.execute_in_tx(&__IDEM_SPEC, &mut *#tx, __idem_key, __idem_fp, __idem_body)
+            __idem_dispatch.execute_in_tx(
+                &__IDEM_SPEC, &mut *#tx, __idem_key, __idem_fp, #known, __idem_body,
+            )
         },
         (None, None, None) => quote! {
             __idem_dispatch.execute(&__IDEM_SPEC, __idem_store, __idem_key, __idem_fp, __idem_body)

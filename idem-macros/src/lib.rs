@@ -152,7 +152,8 @@ use errors::Errors;
 ///     let store = Some(STORE.as_store());
 ///     // The body, moved into an `async move` block: `?` and `return` keep their meaning.
 ///     // With `final_err = f`: `protocol::execute_keeping_final(…, f, body)`; with
-///     // `tx = tx`: `protocol::execute_in_tx(&SPEC, &mut *tx, key, fingerprint, async move |tx| …)`.
+///     // `tx = tx`: `protocol::execute_in_tx(&SPEC, &mut *tx, key, fingerprint, known, async move |tx| …)`,
+///     // `known` being `Some(())` for a `Result<(), E>` (the claim writes the record DONE at once).
 ///     protocol::execute(&SPEC, store, key, fingerprint, async move {
 ///         RUNS.fetch_add(1, Ordering::SeqCst);
 ///         Ok(req.amount)

@@ -129,6 +129,66 @@ async fn a_first_call_inside_a_transaction_sends_three_statements_of_its_own_and
     assert_eq!(PLACED.load(SeqCst), runs, "the replay ran the body");
 }
 
+/// A `()` result: the claim writes the record DONE at once.
+#[idempotent(key = "order_no", tx = tx, scope = "mysql-tests.statements.unit")]
+async fn settle(
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    order_no: u64,
+) -> Result<(), AppError> {
+    sqlx::query("SELECT CAST(? AS UNSIGNED)")
+        .bind(order_no)
+        .fetch_one(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+async fn settle_and_commit(conn: &mut sqlx::MySqlConnection, order_no: u64) {
+    let mut tx = sqlx::Connection::begin(conn).await.unwrap();
+    settle(&mut tx, order_no).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
+/// With a `()` result the claim writes the record DONE, so a first call is
+/// one statement shorter: BEGIN, read, claim, the business statement, COMMIT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unit_result_inside_a_transaction_needs_no_completion() {
+    let Some(store) = store().await else { return };
+    let mut conn = store.pool().acquire().await.unwrap();
+    let warm_up = random_u64();
+    settle_and_commit(&mut conn, warm_up).await;
+    settle_and_commit(&mut conn, warm_up).await;
+
+    let order_no = random_u64();
+    let before = sent_so_far(&mut conn).await;
+    settle_and_commit(&mut conn, order_no).await;
+    assert_eq!(
+        sent_since(&mut conn, before).await,
+        Sent {
+            statements: 5,
+            prepares: 0
+        },
+        "a first call: BEGIN, read, claim (DONE), the business statement, COMMIT"
+    );
+    let before = sent_so_far(&mut conn).await;
+    settle_and_commit(&mut conn, order_no).await;
+    assert_eq!(
+        sent_since(&mut conn, before).await,
+        Sent {
+            statements: 3,
+            prepares: 0
+        },
+        "a replay: BEGIN, read, COMMIT (no business statement: the body did not run)"
+    );
+    let key = idem_runtime::Key::builder("mysql-tests.statements.unit")
+        .part(&order_no)
+        .finish();
+    let record = idem_runtime::store::Store::inspect(&store, &key)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.state, idem_runtime::store::RecordState::Done);
+}
+
 /// On the pool (`MySqlStore`, each statement its own transaction) a first
 /// call is the read, the claim and the completion; a replay is the read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

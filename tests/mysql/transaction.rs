@@ -300,3 +300,48 @@ async fn a_connection_in_autocommit_is_refused_before_the_body_runs() {
     tx.rollback().await.unwrap();
     assert_eq!(runs.load(SeqCst), 1);
 }
+
+/// `claim_done` on a released record: the claim's update branch writes it
+/// PROCESSING (MySQL assigns columns left to right, see CLAIM) and the record
+/// is completed in the same call, so it commits DONE with the fence grown; a
+/// fresh key is inserted DONE in the claim itself. Released again (the body
+/// failed), the record a claim wrote DONE frees the key.
+#[tokio::test]
+async fn claim_done_takes_a_released_record_and_its_release_frees_it_again() {
+    let Some(store) = store().await else { return };
+    let key = fresh_key("tx-claim-done");
+    let first = Token::random();
+    let mut tx = store.pool().begin().await.unwrap();
+    let claim = tx
+        .tx_connection()
+        .claim_done(request(&key, first), success(b"1"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(claim, Claim::Acquired { fence: 1, .. }),
+        "{claim:?}"
+    );
+    assert!(
+        tx.tx_connection().release(&key, first).await.unwrap(),
+        "its own DONE record"
+    );
+    tx.commit().await.unwrap();
+    assert!(store.inspect(&key).await.unwrap().is_none(), "released");
+
+    let second = Token::random();
+    let mut tx = store.pool().begin().await.unwrap();
+    let claim = tx
+        .tx_connection()
+        .claim_done(request(&key, second), success(b"2"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(claim, Claim::Acquired { fence: 2, .. }),
+        "{claim:?}"
+    );
+    tx.commit().await.unwrap();
+    match store.claim(request(&key, Token::random())).await.unwrap() {
+        Claim::Done(stored) => assert_eq!(stored.payload, b"2"),
+        other => panic!("expected the DONE record, got {other:?}"),
+    }
+}

@@ -149,6 +149,7 @@ pub trait WhenTypesHold<T, E, M> {
         conn: &'a mut C,
         key: Key,
         fingerprint: Option<Fingerprint>,
+        known: Option<T>,
         body: F,
     ) -> impl Future<Output = Result<T, E>> + 'a
     where
@@ -213,6 +214,7 @@ impl<T: StoredForm<M>, E: FromIdemError, M: 'static> WhenTypesHold<T, E, M>
         conn: &'a mut C,
         key: Key,
         fingerprint: Option<Fingerprint>,
+        known: Option<T>,
         body: F,
     ) -> impl Future<Output = Result<T, E>> + 'a
     where
@@ -221,7 +223,7 @@ impl<T: StoredForm<M>, E: FromIdemError, M: 'static> WhenTypesHold<T, E, M>
         T: 'a,
         E: 'a,
     {
-        protocol::execute_in_tx::<C, T, M, E, F>(spec, conn, key, fingerprint, body)
+        protocol::execute_in_tx::<C, T, M, E, F>(spec, conn, key, fingerprint, known, body)
     }
 }
 
@@ -407,6 +409,8 @@ pub trait AfterTypeError {
         _: &'a mut C,
         _: Key,
         _: Option<Fingerprint>,
+        // The expansion passes `Some(())` or `None`, both typed here.
+        _: Option<()>,
         _: F,
     ) -> impl Future<Output = R> + 'a
     where

@@ -37,7 +37,7 @@ use crate::flow::{self, FlowContext};
 use crate::key::{Fingerprint, Key};
 use crate::observe::{self, CallOutcome};
 use crate::store::tx::{AsTxConnection, TxConnection};
-use crate::store::{ClaimRequest, RecoveryArgs, StoreRef, Token};
+use crate::store::{ClaimRequest, Completion, RecoveryArgs, StoreRef, StoredOutcome, Token};
 use args::CallArgs;
 
 pub use crate::spec::{Kind, Spec};
@@ -301,11 +301,19 @@ where
 /// Use it under READ COMMITTED (the default of PostgreSQL; MySQL's default
 /// REPEATABLE READ also works because the claim is a locking write). Under
 /// SERIALIZABLE a blocked duplicate gets a serialization failure to retry.
+///
+/// `known` is the result when it is known before the body runs (the
+/// expansion passes `Some(())` for a `Result<(), E>`): the claim then writes
+/// the record DONE at once ([`TxConnection::claim_done`]) and no completion
+/// follows, a statement fewer per first call. It is safe because the record
+/// is on the caller's transaction: it commits only with the body's writes, a
+/// rollback removes it with them, and an `Err` from the body releases it.
 pub async fn execute_in_tx<C, T, M, E, F>(
     spec: &Spec,
     conn: &mut C,
     key: Key,
     fingerprint: Option<Fingerprint>,
+    known: Option<T>,
     body: F,
 ) -> Result<T, E>
 where
@@ -334,8 +342,23 @@ where
             lease: spec.lease,
             ttl: spec.ttl,
         };
+        let done = known
+            .and_then(|value| value.to_stored().ok())
+            .filter(|payload| {
+                payload.len() <= TxConnection::max_result_bytes(conn.tx_connection())
+            });
         let started = std::time::Instant::now();
-        let claim = conn.tx_connection().claim(req).await;
+        let claim = match &done {
+            Some(payload) => {
+                let completion = Completion {
+                    outcome: StoredOutcome::Success,
+                    payload,
+                    ttl: spec.ttl,
+                };
+                conn.tx_connection().claim_done(req, completion).await
+            }
+            None => conn.tx_connection().claim(req).await,
+        };
         let answered = std::time::Instant::now();
         observe::claim_latency(spec, answered - started);
         let claim = claim
@@ -361,6 +384,10 @@ where
         let running = hint::Running::start(spec, key, answered);
         let out = flow::scope(ctx, body(&mut *conn)).await;
         running.finish();
+        if done.is_some() && out.is_ok() {
+            report::call(spec, CallOutcome::Executed);
+            return out;
+        }
         finish(
             spec,
             conn.tx_connection(),

@@ -66,6 +66,32 @@ pub trait TxConnection: Send {
     /// [`crate::store::Store::claim`], on this connection.
     async fn claim(&mut self, req: ClaimRequest<'_>) -> Result<Claim, StoreError>;
 
+    /// A claim whose record is written DONE with `completion` at once, for a
+    /// body whose result is known before it runs (a `()` result). The record
+    /// commits with the body's writes or rolls back with them, so no
+    /// completion statement follows; if the body fails after all,
+    /// [`TxConnection::release`] releases it. A live record is judged as by
+    /// [`TxConnection::claim`].
+    ///
+    /// The default claims, then completes (two statements).
+    async fn claim_done(
+        &mut self,
+        req: ClaimRequest<'_>,
+        completion: Completion<'_>,
+    ) -> Result<Claim, StoreError> {
+        let claim = self.claim(req).await?;
+        if let Claim::Acquired { .. } = claim
+            && !self.complete(req.key, req.token, completion).await?
+        {
+            return Err(StoreError::new(
+                self.backend(),
+                "the caller's transaction",
+                "a record claimed in this transaction was gone at its completion",
+            ));
+        }
+        Ok(claim)
+    }
+
     /// [`crate::store::Store::complete`], on this connection.
     async fn complete(
         &mut self,
@@ -74,7 +100,8 @@ pub trait TxConnection: Send {
         completion: Completion<'_>,
     ) -> Result<bool, StoreError>;
 
-    /// [`crate::store::Store::release`], on this connection.
+    /// [`crate::store::Store::release`], on this connection; it also releases
+    /// a record `token` wrote DONE through [`TxConnection::claim_done`].
     async fn release(&mut self, key: &Key, token: Token) -> Result<bool, StoreError>;
 }
 

@@ -46,10 +46,17 @@ pub(crate) trait Dialect: sqlx::Database {
 
     /// The claim's one upsert: takes the record if it may be taken, with the
     /// lease and expiry counting from when the row was had.
+    ///
+    /// With `done` (inside a caller's transaction, for a result known before
+    /// the body runs) the record it writes is already DONE with that
+    /// completion, so no completion statement follows: the transaction
+    /// commits it with the body's writes or rolls it back with them. A dialect
+    /// that cannot write it in the same statement completes right after.
     fn upsert(
         conn: &mut Self::Connection,
         clock: &dyn Clock,
         req: ClaimRequest<'_>,
+        done: Option<Completion<'_>>,
     ) -> impl Future<Output = Result<Upserted, sqlx::Error>> + Send;
 
     /// Marks the record DONE if `token` still owns it (PROCESSING).
@@ -68,12 +75,16 @@ pub(crate) trait Dialect: sqlx::Database {
         token: Token,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
-    /// Releases (and expires) the record if `token` still owns it.
+    /// Releases (and expires) the record if `token` still owns it. With
+    /// `done_too` (inside the caller's transaction) also a record `token`
+    /// wrote DONE in the claim (`upsert` with `done`): its body failed after
+    /// all, and the transaction may still commit.
     fn release(
         conn: &mut Self::Connection,
         clock: &dyn Clock,
         key: &Key,
         token: Token,
+        done_too: bool,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
     /// Extends the lease from when the row is had, keeping expiry past it.

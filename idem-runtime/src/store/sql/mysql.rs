@@ -132,6 +132,11 @@ macro_rules! won {
 // uncommitted insert of the key (rolled back since) has no such hook: its
 // VALUES were computed before the wait, and `upsert` restarts that lease.
 //
+// A fresh row is inserted PROCESSING, or DONE with its outcome and result for
+// `claim_done`; the update branch always writes PROCESSING (every `won!` after
+// `state` relies on a winner's state not being 2), and `upsert` completes
+// right after it.
+//
 // What the caller got comes back in the OK packet, with no read: the insert id
 // is 0 when the statement inserted the row (nothing in it calls
 // `LAST_INSERT_ID`, and the table has no AUTO_INCREMENT column), and otherwise
@@ -144,11 +149,11 @@ macro_rules! won {
 const CLAIM: &str = concat!(
     "INSERT INTO idem_records
     (`key`, state, token, fence, lease_until, expires_at, fingerprint, taken_over, outcome, result)
-VALUES (?, 1, ?, 1, ",
+VALUES (?, ?, ?, 1, ",
     now_ms!(),
     " + ?, ",
     now_ms!(),
-    " + ?, ?, FALSE, NULL, NULL)
+    " + ?, ?, FALSE, ?, ?)
 ON DUPLICATE KEY UPDATE
     fence       = IF(",
     claimable!(),
@@ -320,10 +325,12 @@ const COMPLETE: &str = concat!(
 // A released record also expires at once, so purging finds it through the
 // `expires_at` index like any other dead record; the row (and its fence) stays
 // until then, and a claim takes it either way.
+// The last parameter is 1 on the pool; 2 inside the caller's transaction,
+// where the record may be one `claim_done` wrote DONE before its body failed.
 const RELEASE: &str = concat!(
     "UPDATE idem_records SET state = 0, expires_at = LEAST(expires_at, ",
     clock_ms!(),
-    ") WHERE `key` = ? AND state = 1 AND token = ?"
+    ") WHERE `key` = ? AND token = ? AND state IN (1, ?)"
 );
 
 // The lease counts from when the row was locked (the UPDATE computes its SET
@@ -707,19 +714,23 @@ impl Dialect for MySql {
     /// its statement began.
     async fn upsert(
         conn: &mut MySqlConnection,
-        _: &dyn Clock,
+        clock: &dyn Clock,
         req: ClaimRequest<'_>,
+        done: Option<Completion<'_>>,
     ) -> Result<Upserted, sqlx::Error> {
         let sent = Instant::now();
-        let done = sqlx::query(CLAIM)
+        let claimed = sqlx::query(CLAIM)
             .bind(key(req.key))
+            .bind(if done.is_some() { 2_i64 } else { 1 })
             .bind(&req.token.as_bytes()[..])
             .bind(millis(req.lease))
-            .bind(millis(req.ttl))
+            .bind(millis(done.map_or(req.ttl, |d| d.ttl)))
             .bind(req.fingerprint.as_ref().map(|f| &f.as_bytes()[..]))
+            .bind(done.map(|d| i64::from(d.outcome.code())))
+            .bind(done.map(|d| d.payload))
             .execute(&mut *conn)
             .await?;
-        match done.last_insert_id() {
+        match claimed.last_insert_id() {
             INSERTED => {
                 // The insert's VALUES were computed when the statement began,
                 // and the server waited at most as long as the client did: the
@@ -734,6 +745,14 @@ impl Dialect for MySql {
                 let fence = i64::try_from(won / 2).map_err(|_| {
                     sqlx::Error::Protocol(format!("claim marker {won} out of range"))
                 })?;
+                // The update branch wrote the record PROCESSING (see CLAIM).
+                if let Some(completion) = done
+                    && !Self::complete(conn, clock, req.key, req.token, completion).await?
+                {
+                    return Err(sqlx::Error::Protocol(
+                        "the record this claim took was gone at its completion".into(),
+                    ));
+                }
                 // The update branch counts its lease from when it had the row.
                 Ok(Upserted::Won(Won::after(fence, won % 2 == 1, req.lease, 0)))
             }
@@ -776,10 +795,12 @@ impl Dialect for MySql {
         _: &dyn Clock,
         k: &Key,
         token: Token,
+        done_too: bool,
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(RELEASE)
             .bind(key(k))
             .bind(&token.as_bytes()[..])
+            .bind(if done_too { 2_i64 } else { 1 })
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)

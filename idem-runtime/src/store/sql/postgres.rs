@@ -43,14 +43,15 @@ macro_rules! with_clock {
     };
 }
 
-// The fresh PROCESSING row both claim statements insert, attempted only when
-// a plain read does not show a live record that may not be taken (DONE, or
-// PROCESSING under someone else's lease).
+// The fresh row both claim statements insert, attempted only when a plain
+// read does not show a live record that may not be taken (DONE, or
+// PROCESSING under someone else's lease). It is PROCESSING ($6 = 1, no
+// outcome), or DONE with its outcome and result ($6 = 2, `claim_done`).
 macro_rules! insert_unless_held {
     () => {
         "INSERT INTO idem_records AS r
-    (key, state, token, fence, lease_until, expires_at, fingerprint, taken_over)
-SELECT $1, 1, $2, 1, clock.now + $3, clock.now + $4, $5, FALSE FROM clock
+    (key, state, token, fence, lease_until, expires_at, fingerprint, taken_over, outcome, result)
+SELECT $1, $6, $2, 1, clock.now + $3, clock.now + $4, $5, FALSE, $7, $8 FROM clock
 WHERE NOT EXISTS (
     SELECT 1 FROM idem_records AS live
     WHERE live.key = $1
@@ -126,7 +127,7 @@ const TAKE: &str = concat!(
     with_clock!(),
     insert_unless_held!(),
     "ON CONFLICT (key) DO UPDATE SET
-    state       = 1,
+    state       = $6,
     fence       = CASE WHEN r.state = 1 AND r.token = excluded.token
                        THEN r.fence ELSE r.fence + 1 END,
     taken_over  = (r.state = 1 AND r.expires_at > (SELECT now FROM clock)
@@ -139,8 +140,8 @@ const TAKE: &str = concat!(
     server_now!(),
     " + $4,
     fingerprint = excluded.fingerprint,
-    outcome     = NULL,
-    result      = NULL
+    outcome     = $7,
+    result      = $8
 WHERE r.expires_at <= (SELECT now FROM clock)
    OR r.state = 0
    OR (r.state = 1 AND (r.lease_until <= (SELECT now FROM clock) OR r.token = excluded.token))
@@ -171,11 +172,13 @@ WHERE key = $4 AND state = 1 AND token = $5"
 // A released record also expires at once, so the sweeper finds it through the
 // `expires_at` index like any other dead record; the row (and its fence) stays
 // until then, and a claim takes it either way.
+// $3 is 1 on the pool; 2 inside the caller's transaction, where the record may
+// be one `claim_done` wrote DONE before its body failed.
 const RELEASE: &str = concat!(
     with_clock!(),
     "UPDATE idem_records SET state = 0, expires_at = LEAST(expires_at, clock.now)
 FROM clock
-WHERE key = $1 AND state = 1 AND token = $2"
+WHERE key = $1 AND state IN (1, $3) AND token = $2"
 );
 
 // The owner's row is locked first (`mine`), and the new lease computed only
@@ -601,13 +604,17 @@ fn key(key: &Key) -> &[u8] {
 fn claim_query<'q>(
     sql: &'q str,
     req: &'q ClaimRequest<'_>,
+    done: Option<Completion<'q>>,
 ) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
     sqlx::query(sql)
         .bind(key(req.key))
         .bind(&req.token.as_bytes()[..])
         .bind(millis(req.lease))
-        .bind(millis(req.ttl))
+        .bind(millis(done.map_or(req.ttl, |d| d.ttl)))
         .bind(req.fingerprint.as_ref().map(|f| &f.as_bytes()[..]))
+        .bind(if done.is_some() { 2_i16 } else { 1 })
+        .bind(done.map(|d| i16::from(d.outcome.code())))
+        .bind(done.map(|d| d.payload))
 }
 
 fn won(row: &sqlx::postgres::PgRow) -> Result<Won, sqlx::Error> {
@@ -640,8 +647,12 @@ impl Dialect for Postgres {
         conn: &mut PgConnection,
         _: &dyn Clock,
         req: ClaimRequest<'_>,
+        done: Option<Completion<'_>>,
     ) -> Result<Upserted, sqlx::Error> {
-        let Some(row) = claim_query(CLAIM, &req).fetch_optional(&mut *conn).await? else {
+        let Some(row) = claim_query(CLAIM, &req, done)
+            .fetch_optional(&mut *conn)
+            .await?
+        else {
             return Ok(Upserted::Lost(None));
         };
         if row.try_get("won")? {
@@ -651,7 +662,7 @@ impl Dialect for Postgres {
         if record.holds_off(req.token) {
             return Ok(Upserted::Lost(Some(record)));
         }
-        match claim_query(TAKE, &req).fetch_optional(conn).await? {
+        match claim_query(TAKE, &req, done).fetch_optional(conn).await? {
             Some(row) => won(&row).map(Upserted::Won),
             None => Ok(Upserted::Lost(None)),
         }
@@ -693,10 +704,12 @@ impl Dialect for Postgres {
         _: &dyn Clock,
         k: &Key,
         token: Token,
+        done_too: bool,
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(RELEASE)
             .bind(key(k))
             .bind(&token.as_bytes()[..])
+            .bind(if done_too { 2_i16 } else { 1 })
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)

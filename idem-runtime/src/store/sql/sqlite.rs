@@ -28,11 +28,14 @@ use crate::store::{
 // The row may be taken when it is expired, released, or PROCESSING past its
 // lease; a claim retried under the same token gets its own row back. SQLite
 // evaluates every SET expression against the old row, so their order is free.
+// The row written is PROCESSING (?7 = 1, no outcome), or DONE with its outcome
+// and result (?7 = 2, `claim_done`).
 const CLAIM: &str = "
-INSERT INTO idem_records (key, state, token, fence, lease_until, expires_at, fingerprint, taken_over)
-VALUES (?1, 1, ?2, 1, ?3, ?4, ?5, 0)
+INSERT INTO idem_records
+    (key, state, token, fence, lease_until, expires_at, fingerprint, taken_over, outcome, result)
+VALUES (?1, ?7, ?2, 1, ?3, ?4, ?5, 0, ?8, ?9)
 ON CONFLICT (key) DO UPDATE SET
-    state       = 1,
+    state       = ?7,
     fence       = CASE WHEN idem_records.state = 1 AND idem_records.token = excluded.token
                        THEN idem_records.fence ELSE idem_records.fence + 1 END,
     taken_over  = (idem_records.state = 1 AND idem_records.expires_at > ?6
@@ -41,8 +44,8 @@ ON CONFLICT (key) DO UPDATE SET
     lease_until = excluded.lease_until,
     expires_at  = excluded.expires_at,
     fingerprint = excluded.fingerprint,
-    outcome     = NULL,
-    result      = NULL
+    outcome     = ?8,
+    result      = ?9
 WHERE idem_records.expires_at <= ?6
    OR idem_records.state = 0
    OR (idem_records.state = 1
@@ -68,9 +71,11 @@ WHERE key = ?2 AND state = 1 AND token = ?3 AND expires_at > ?4";
 // A released record also expires at once, so purging finds it through the
 // `expires_at` index like any other dead record; the row (and its fence) stays
 // until then, and a claim takes it either way.
+// ?4 is 1 on the pool; 2 inside the caller's transaction, where the record may
+// be one `claim_done` wrote DONE before its body failed.
 const RELEASE: &str = "
 UPDATE idem_records SET state = 0, expires_at = min(expires_at, ?3)
-WHERE key = ?1 AND state = 1 AND token = ?2";
+WHERE key = ?1 AND state IN (1, ?4) AND token = ?2";
 
 // An operator's override that keeps fences growing (see `Store::evict`): a
 // PROCESSING row stays, disowned (a token nobody holds) with its lease ended,
@@ -401,16 +406,21 @@ impl Dialect for Sqlite {
         conn: &mut SqliteConnection,
         clock: &dyn Clock,
         req: ClaimRequest<'_>,
+        done: Option<Completion<'_>>,
     ) -> Result<Upserted, sqlx::Error> {
         let now = clock.now_millis();
         let lease_until = now.saturating_add(millis(req.lease));
+        let ttl = done.map_or(req.ttl, |d| d.ttl);
         let won = sqlx::query(CLAIM)
             .bind(key(req.key))
             .bind(&req.token.as_bytes()[..])
             .bind(lease_until)
-            .bind(now.saturating_add(millis(req.ttl)))
+            .bind(now.saturating_add(millis(ttl)))
             .bind(req.fingerprint.as_ref().map(|f| &f.as_bytes()[..]))
             .bind(now)
+            .bind(if done.is_some() { 2_i64 } else { 1 })
+            .bind(done.map(|d| i64::from(d.outcome.code())))
+            .bind(done.map(|d| d.payload))
             .fetch_optional(&mut *conn)
             .await?;
         let Some(row) = won else {
@@ -464,11 +474,13 @@ impl Dialect for Sqlite {
         clock: &dyn Clock,
         k: &Key,
         token: Token,
+        done_too: bool,
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(RELEASE)
             .bind(key(k))
             .bind(&token.as_bytes()[..])
             .bind(clock.now_millis())
+            .bind(if done_too { 2_i64 } else { 1 })
             .execute(&mut *conn)
             .await?;
         Ok(done.rows_affected() == 1)

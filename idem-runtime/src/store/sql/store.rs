@@ -37,10 +37,14 @@ pub(crate) const IN_TX: &str = "the caller's transaction";
 ///
 /// The reads and the upsert are separate statements: a record evicted,
 /// released or whose lease ran out in between is simply claimed next round.
+///
+/// With `done` (only inside the caller's transaction) the record is written
+/// DONE with that completion in the claim itself: see [`Dialect::upsert`].
 pub(crate) async fn claim_on<D: Dialect>(
     conn: &mut D::Connection,
     clock: &dyn Clock,
     req: ClaimRequest<'_>,
+    done: Option<Completion<'_>>,
 ) -> Result<Claim, sqlx::Error> {
     for _ in 0..CLAIM_ROUNDS {
         if D::READ_FIRST
@@ -49,14 +53,16 @@ pub(crate) async fn claim_on<D: Dialect>(
         {
             return Ok(answer);
         }
-        let holder = match D::upsert(conn, clock, req).await? {
+        let holder = match D::upsert(conn, clock, req, done).await? {
             Upserted::Won(won) => {
                 // On the pool the row is already committed, so another caller
                 // may take a lease that began too long ago before it is
                 // renewed: then the renewal finds it gone and the next round
                 // says who holds it. Inside a transaction the row is still
-                // ours and the renewal cannot fail.
-                if won.began_long_ago(req.lease)
+                // ours and the renewal cannot fail. A record written DONE has
+                // no lease to renew: nobody takes a DONE record over.
+                if done.is_none()
+                    && won.began_long_ago(req.lease)
                     && !D::renew(conn, clock, req.key, req.token, req.lease).await?
                 {
                     continue;
@@ -202,9 +208,9 @@ impl<D: Dialect> Core<D> {
     }
 
     pub(crate) async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        self.retrying(
-            || async move { claim_on::<D>(&mut *self.conn().await?, &*self.clock, req).await },
-        )
+        self.retrying(|| async move {
+            claim_on::<D>(&mut *self.conn().await?, &*self.clock, req, None).await
+        })
         .await
     }
 
@@ -229,7 +235,7 @@ impl<D: Dialect> Core<D> {
 
     pub(crate) async fn release(&self, key: &Key, token: Token) -> Result<bool, StoreError> {
         self.retrying(|| async move {
-            D::release(&mut *self.conn().await?, &*self.clock, key, token).await
+            D::release(&mut *self.conn().await?, &*self.clock, key, token, false).await
         })
         .await
     }
@@ -289,7 +295,7 @@ impl<D: Dialect> Core<D> {
     ) -> Result<Claim, StoreError> {
         self.retrying(|| async move {
             let mut tx = self.pool.begin().await?;
-            let claim = claim_on::<D>(&mut tx, &*self.clock, req).await?;
+            let claim = claim_on::<D>(&mut tx, &*self.clock, req, None).await?;
             if let Claim::Acquired { takeover, .. } = claim {
                 D::keep_args(&mut tx, req.key, req.token, recovery, takeover).await?;
             }
@@ -603,7 +609,17 @@ macro_rules! tx_connection {
                 &mut self,
                 req: $crate::store::ClaimRequest<'_>,
             ) -> Result<$crate::store::Claim, $crate::StoreError> {
-                $crate::store::sql::store::claim_on::<$db>(self, &$clock, req)
+                $crate::store::sql::store::claim_on::<$db>(self, &$clock, req, None)
+                    .await
+                    .map_err(|e| $crate::StoreError::new(self.backend(), $crate::store::sql::store::IN_TX, e))
+            }
+
+            async fn claim_done(
+                &mut self,
+                req: $crate::store::ClaimRequest<'_>,
+                completion: $crate::store::Completion<'_>,
+            ) -> Result<$crate::store::Claim, $crate::StoreError> {
+                $crate::store::sql::store::claim_on::<$db>(self, &$clock, req, Some(completion))
                     .await
                     .map_err(|e| $crate::StoreError::new(self.backend(), $crate::store::sql::store::IN_TX, e))
             }
@@ -624,7 +640,7 @@ macro_rules! tx_connection {
                 key: &$crate::Key,
                 token: $crate::store::Token,
             ) -> Result<bool, $crate::StoreError> {
-                <$db as $crate::store::sql::dialect::Dialect>::release(self, &$clock, key, token)
+                <$db as $crate::store::sql::dialect::Dialect>::release(self, &$clock, key, token, true)
                     .await
                     .map_err(|e| $crate::StoreError::new(self.backend(), $crate::store::sql::store::IN_TX, e))
             }
