@@ -27,10 +27,12 @@ pub(crate) struct FlowContext {
     /// The token this call's claim holds the record under (`None` inside a
     /// caller's transaction, where nothing can take the record over).
     owner: Option<Token>,
-    /// What step keys hang off: the flow key, bound to the payload fingerprint
-    /// when there is one, so a retry with another payload (after a release or a
-    /// takeover) never replays the steps of the first.
-    step_root: Key,
+    /// The payload fingerprint the call claimed with, which step keys are
+    /// bound to (see [`FlowContext::step_root`]).
+    fingerprint: Option<Fingerprint>,
+    /// Derived on the first step: most calls have none, and the derivation
+    /// is a hash.
+    step_root: std::sync::OnceLock<Key>,
     lease_lost: AtomicBool,
     // The flow this call runs inside (a step's body runs inside its flow): a
     // lost lease up the chain stops new steps down here too.
@@ -129,10 +131,6 @@ impl FlowContext {
         fence: Option<u64>,
         owner: Option<Token>,
     ) -> Arc<Self> {
-        let step_root = match fingerprint {
-            Some(fp) => key.derive(&format!("fingerprint:{}", hex::encode(fp.as_bytes()))),
-            None => key,
-        };
         Arc::new(FlowContext {
             key,
             store,
@@ -140,7 +138,8 @@ impl FlowContext {
             lease,
             fence,
             owner,
-            step_root,
+            fingerprint,
+            step_root: std::sync::OnceLock::new(),
             lease_lost: AtomicBool::new(false),
             parent: current(),
             occurrences: Mutex::new(HashMap::new()),
@@ -149,6 +148,18 @@ impl FlowContext {
             replayed: AtomicBool::new(false),
             may_give_up: AtomicBool::new(false),
             gave_up: Mutex::new(None),
+        })
+    }
+
+    /// What step keys hang off: the flow key, bound to the payload fingerprint
+    /// when there is one, so a retry with another payload (after a release or a
+    /// takeover) never replays the steps of the first.
+    fn step_root(&self) -> &Key {
+        self.step_root.get_or_init(|| match self.fingerprint {
+            Some(fp) => self
+                .key
+                .derive(&format!("fingerprint:{}", hex::encode(fp.as_bytes()))),
+            None => self.key,
         })
     }
 
@@ -175,7 +186,7 @@ impl FlowContext {
     /// Numbers the next call of `step` and returns its record's key.
     pub(crate) fn next_occurrence(self: &Arc<Self>, step: &'static str) -> (Occurrence, Key) {
         let number = self.lock_occurrences().entry(step).or_default().take();
-        let key = self.step_root.derive_indexed(step, number);
+        let key = self.step_root().derive_indexed(step, number);
         let occurrence = Occurrence {
             flow: Arc::clone(self),
             name: step,
@@ -232,7 +243,7 @@ impl FlowContext {
 
     /// The key of the record saying this flow gave up, bound like the steps'.
     pub(crate) fn give_up_key(&self) -> Key {
-        self.step_root.derive("idem:gave-up")
+        self.step_root().derive("idem:gave-up")
     }
 
     /// The heartbeat found another owner on the record.
