@@ -54,7 +54,9 @@ async fn in_progress_hints_when_the_result_is_likely_ready_not_the_lease() {
         execute(&SPEC, Some(store.clone()), key, None, async { Ok(3) }).await;
     match dup {
         Err(Error::InProgress { retry_after, .. }) => {
-            assert!(retry_after <= Duration::from_secs(1), "{retry_after:?}");
+            // Learnt from the first call (about 300 ms), on whichever worker
+            // thread it finished: not the 1 s guess for a scope never seen.
+            assert!(retry_after < Duration::from_millis(600), "{retry_after:?}");
             assert!(retry_after > Duration::ZERO);
         }
         other => panic!("expected InProgress, got {other:?}"),

@@ -9,8 +9,11 @@
 //! Both are bounded: by a floor, so a duplicate does not spin, and by the
 //! remaining lease, after which the claim is decided either way.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::key::{DigestHasher, Key};
@@ -22,10 +25,52 @@ const FIRST_GUESS: Duration = Duration::from_secs(1);
 /// The least hint: a duplicate is not told to come back at once.
 const FLOOR: Duration = Duration::from_millis(50);
 
-/// Moving averages of how long calls took, per scope. Scopes are
-/// `&'static str`, a fixed set per program, so the map is bounded.
-static OBSERVED: Mutex<HashMap<&'static str, Duration, ScopeHasher>> =
+/// Moving averages of how long calls took, per scope, in nanoseconds (0: no
+/// call of the scope finished yet). Scopes are `&'static str`, a fixed set
+/// per program, so the map is bounded, and each slot lives as long as the
+/// program: a thread finds it once through this lock, then through
+/// `SLOTS`.
+static OBSERVED: Mutex<HashMap<&'static str, &'static AtomicU64, ScopeHasher>> =
     Mutex::new(HashMap::with_hasher(ScopeHasher(0)));
+
+thread_local! {
+    /// This thread's way to a scope's slot, by the scope string's address
+    /// and length: no lock and no hash of its bytes when a call finishes.
+    static SLOTS: RefCell<HashMap<(usize, usize), &'static AtomicU64, BuildHasherDefault<AddressHasher>>> =
+        RefCell::new(HashMap::default());
+}
+
+/// The moving average of `scope`'s calls.
+fn observed(scope: &'static str) -> &'static AtomicU64 {
+    SLOTS.with(|slots| {
+        *slots
+            .borrow_mut()
+            .entry((scope.as_ptr() as usize, scope.len()))
+            .or_insert_with(|| {
+                *lock(&OBSERVED)
+                    .entry(scope)
+                    .or_insert_with(|| Box::leak(Box::new(AtomicU64::new(0))))
+            })
+    })
+}
+
+/// Fibonacci hashing of a string's address and length.
+#[derive(Default)]
+struct AddressHasher(u64);
+
+impl std::hash::Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (self.0.rotate_left(29) ^ n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
 
 /// The calls running in this process and when they started: at most one
 /// entry per call in flight, removed when it ends (or is dropped).
@@ -41,8 +86,8 @@ fn running(key: &Key) -> std::sync::MutexGuard<'_, HashMap<Key, Instant, DigestH
     lock(&RUNNING[usize::from(key.as_bytes()[0]) % SHARDS])
 }
 
-/// Scopes are short strings: FNV-1a over their bytes, not SipHash, on the
-/// one lookup every call makes when it finishes.
+/// Scopes are short strings: FNV-1a over their bytes, not SipHash, for the
+/// lookup a thread makes the first time it meets a scope.
 #[derive(Clone, Copy, Default)]
 struct ScopeHasher(u64);
 
@@ -85,12 +130,18 @@ impl Running {
 
     /// The body ended (with any outcome): its duration informs later hints.
     pub(super) fn finish(self) {
-        let took = self.started.elapsed();
-        let mut observed = lock(&OBSERVED);
-        let avg = observed.entry(self.scope).or_insert(took);
+        let took = u64::try_from(self.started.elapsed().as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let slot = observed(self.scope);
         // New samples weigh a quarter: a slow outlier moves the hint, but
-        // does not rule it.
-        *avg = (*avg * 3 + took) / 4;
+        // does not rule it. Two calls finishing at once may lose one sample
+        // to the other: a hint, not a count.
+        let avg = match slot.load(Ordering::Relaxed) {
+            0 => took,
+            avg => (avg / 4).saturating_mul(3).saturating_add(took / 4).max(1),
+        };
+        slot.store(avg, Ordering::Relaxed);
     }
 }
 
@@ -102,10 +153,10 @@ impl Drop for Running {
 
 /// When the first call with `key` is likely done.
 pub(super) fn retry_after(spec: &Spec, key: &Key, lease_remaining: Duration) -> Duration {
-    let typical = lock(&OBSERVED)
-        .get(spec.scope)
-        .copied()
-        .unwrap_or(FIRST_GUESS);
+    let typical = match observed(spec.scope).load(Ordering::Relaxed) {
+        0 => FIRST_GUESS,
+        nanos => Duration::from_nanos(nanos),
+    };
     let left = match running(key).get(key).copied() {
         // Running here: what is left of a typical call; one that already ran
         // longer than usual is likely close to done.
