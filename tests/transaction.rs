@@ -11,6 +11,7 @@ use std::time::Duration;
 use idem_runtime::Key;
 use idem_runtime::idempotent;
 use idem_runtime::store::sql::SqliteStore;
+use idem_runtime::store::tx::TxConnection;
 use idem_runtime::store::{RecordState, Store};
 use sqlx::{Sqlite, Transaction};
 
@@ -259,6 +260,113 @@ async fn sqlite_a_unit_result_that_fails_releases_the_record_the_claim_wrote_don
     let record = store.inspect(&settle_key("u-2")).await.unwrap().unwrap();
     assert_eq!(record.state, RecordState::Done);
     assert_eq!(record.fence, 2, "the released record's fence grew");
+}
+
+/// A connection of someone else's that implements `TxConnection` without
+/// `claim_done`: the trait's default (claim, then complete) stands in.
+struct Forwarding<'c>(&'c mut sqlx::SqliteConnection);
+
+#[idem_runtime::store::async_trait]
+impl TxConnection for Forwarding<'_> {
+    fn backend(&self) -> &'static str {
+        self.0.backend()
+    }
+
+    fn in_transaction(&self) -> bool {
+        self.0.in_transaction()
+    }
+
+    async fn claim(
+        &mut self,
+        req: idem_runtime::store::ClaimRequest<'_>,
+    ) -> Result<idem_runtime::store::Claim, idem_runtime::StoreError> {
+        self.0.claim(req).await
+    }
+
+    async fn complete(
+        &mut self,
+        key: &Key,
+        token: idem_runtime::store::Token,
+        completion: idem_runtime::store::Completion<'_>,
+    ) -> Result<bool, idem_runtime::StoreError> {
+        self.0.complete(key, token, completion).await
+    }
+
+    async fn release(
+        &mut self,
+        key: &Key,
+        token: idem_runtime::store::Token,
+    ) -> Result<bool, idem_runtime::StoreError> {
+        self.0.release(key, token).await
+    }
+}
+
+#[idempotent(key = "order_no", tx = conn, scope = "tx-tests.sqlite.forwarding")]
+async fn settle_forwarded(
+    conn: &mut Forwarding<'_>,
+    order_no: String,
+    decline: bool,
+) -> Result<(), AppError> {
+    sqlx::query("INSERT INTO orders (order_no) VALUES (?1)")
+        .bind(&order_no)
+        .execute(&mut *conn.0)
+        .await?;
+    if decline {
+        return Err(AppError::Declined);
+    }
+    Ok(())
+}
+
+/// `claim_done`'s default on a connection that does not write DONE in its
+/// claim: the record is claimed, then completed before the body runs (one
+/// update), commits DONE, replays; and an `Err` releases it all the same.
+#[tokio::test]
+async fn sqlite_claim_done_by_default_claims_then_completes() {
+    let store = sqlite().await;
+    for ddl in [
+        "CREATE TABLE record_updates (state INTEGER NOT NULL)",
+        "CREATE TRIGGER count_record_updates AFTER UPDATE ON idem_records
+         BEGIN INSERT INTO record_updates VALUES (NEW.state); END",
+    ] {
+        sqlx::query(ddl).execute(store.pool()).await.unwrap();
+    }
+    let key = |no: &str| Key::builder("tx-tests.sqlite.forwarding").part(no).finish();
+
+    let mut tx = store.pool().begin().await.unwrap();
+    settle_forwarded(&mut Forwarding(&mut tx), "f-1".into(), false)
+        .await
+        .unwrap();
+    let updates: Vec<i64> = sqlx::query_scalar("SELECT state FROM record_updates")
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(
+        updates,
+        [2],
+        "claimed PROCESSING, then one completion to DONE"
+    );
+    tx.commit().await.unwrap();
+    let record = store.inspect(&key("f-1")).await.unwrap().unwrap();
+    assert_eq!(record.state, RecordState::Done);
+    let mut tx = store.pool().begin().await.unwrap();
+    settle_forwarded(&mut Forwarding(&mut tx), "f-1".into(), false)
+        .await
+        .expect("a replay, not a second insert of the UNIQUE order number");
+    tx.commit().await.unwrap();
+
+    let mut tx = store.pool().begin().await.unwrap();
+    let err = settle_forwarded(&mut Forwarding(&mut tx), "f-2".into(), true)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AppError::Declined), "{err:?}");
+    tx.commit().await.unwrap();
+    let record = store.inspect(&key("f-2")).await.unwrap();
+    assert!(record.is_none(), "the failed call left {record:?}");
+    assert_eq!(
+        count_orders(&store).await,
+        2,
+        "f-1 once, and f-2's declined row"
+    );
 }
 
 /// SQLite has one writer: a store caller's claim waits for a transaction
