@@ -533,13 +533,12 @@ where
                 )))));
             }
         };
-        let stored = StoredResponse::new(
+        let encoded = StoredResponse::encode(
             res_parts.status,
             &res_parts.headers,
             &config.keep_headers,
             &res_bytes,
         );
-        let encoded = serde_json::to_vec(&stored).expect("a stored response is strings only");
         let response = Response::from_parts(res_parts, Full::new(res_bytes));
         if encoded.len() > store_cap {
             // Stored, it would leave a too-large marker that answers every

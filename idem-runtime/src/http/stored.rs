@@ -71,36 +71,54 @@ enum StoredBody {
     Hex(String),
 }
 
+/// The record of a response, serialized from borrowed headers and body: the
+/// same JSON as [`StoredResponse`] (whose fields and variants it mirrors),
+/// without an owned `String` per header and for the body first.
+#[derive(Serialize)]
+struct Borrowed<'a> {
+    status: u16,
+    headers: Vec<(&'a str, &'a str)>,
+    body: BorrowedBody<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "snake_case")]
+enum BorrowedBody<'a> {
+    Text(&'a str),
+    Hex(String),
+}
+
 impl StoredResponse {
-    /// Keeps `status`, the headers that describe the body and those named in
-    /// `keep` (less the ones never replayed), and `body`.
-    pub(crate) fn new(
+    /// The record of a response: `status`, the headers that describe the
+    /// body and those named in `keep` (less the ones never replayed), and
+    /// `body`, as the JSON [`StoredResponse`] reads back.
+    pub(crate) fn encode(
         status: StatusCode,
         headers: &http::HeaderMap,
         keep: &[HeaderName],
         body: &Bytes,
-    ) -> Self {
-        let mut names: Vec<&HeaderName> = DESCRIBE_BODY.iter().collect();
-        for name in keep {
-            if !names.contains(&name) {
-                names.push(name);
-            }
-        }
-        let headers = names
-            .into_iter()
+    ) -> Vec<u8> {
+        let extra = keep
+            .iter()
+            .enumerate()
+            .filter(|&(i, name)| !DESCRIBE_BODY.contains(name) && !keep[..i].contains(name))
+            .map(|(_, name)| name);
+        let headers = DESCRIBE_BODY
+            .iter()
+            .chain(extra)
             .flat_map(|name| headers.get_all(name).iter().map(move |v| (name, v)))
             .filter_map(|(name, v)| storable(name, v))
-            .map(|(name, v)| (name.to_owned(), v.to_owned()))
             .collect();
         let body = match std::str::from_utf8(body) {
-            Ok(s) => StoredBody::Text(s.to_owned()),
-            Err(_) => StoredBody::Hex(hex::encode(body)),
+            Ok(s) => BorrowedBody::Text(s),
+            Err(_) => BorrowedBody::Hex(hex::encode(body)),
         };
-        StoredResponse {
+        let record = Borrowed {
             status: status.as_u16(),
             headers,
             body,
-        }
+        };
+        serde_json::to_vec(&record).expect("a stored response is strings only")
     }
 
     /// The response to send again.
@@ -123,5 +141,64 @@ impl StoredResponse {
             }
         }
         res
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records already stored must keep reading back: the borrowed encoding
+    /// is the owned form's JSON, text and hex bodies alike, with the
+    /// describing headers first and `keep`'s once each.
+    #[test]
+    fn the_borrowed_encoding_reads_back_as_the_stored_form() {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(header::SET_COOKIE, HeaderValue::from_static("session=1"));
+        headers.append("x-request-id", HeaderValue::from_static("r-1"));
+        headers.append("x-request-id", HeaderValue::from_static("r-2"));
+        let keep = [
+            HeaderName::from_static("x-request-id"),
+            header::CONTENT_TYPE,
+            header::SET_COOKIE,
+            HeaderName::from_static("x-request-id"),
+        ];
+        for body in [
+            Bytes::from_static(b"{\"id\":7}"),
+            Bytes::from_static(&[0xff, 0x00]),
+        ] {
+            let encoded = StoredResponse::encode(StatusCode::CREATED, &headers, &keep, &body);
+            let stored: StoredResponse = serde_json::from_slice(&encoded).unwrap();
+            assert_eq!(serde_json::to_vec(&stored).unwrap(), encoded);
+            assert_eq!(stored.status, 201);
+            assert_eq!(
+                stored.headers,
+                [
+                    ("content-type".to_owned(), "application/json".to_owned()),
+                    ("x-request-id".to_owned(), "r-1".to_owned()),
+                    ("x-request-id".to_owned(), "r-2".to_owned()),
+                ]
+            );
+            let res = stored.to_response();
+            assert_eq!(
+                futures_util::FutureExt::now_or_never(http_body_util::BodyExt::collect(
+                    res.into_body()
+                ))
+                .unwrap()
+                .unwrap()
+                .to_bytes(),
+                body
+            );
+        }
+        let text =
+            StoredResponse::encode(StatusCode::OK, &headers, &[], &Bytes::from_static(b"ok"));
+        assert_eq!(
+            std::str::from_utf8(&text).unwrap(),
+            r#"{"status":200,"headers":[["content-type","application/json"]],"body":{"text":"ok"}}"#
+        );
     }
 }
