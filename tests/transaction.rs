@@ -262,8 +262,52 @@ async fn sqlite_a_unit_result_that_fails_releases_the_record_the_claim_wrote_don
     assert_eq!(record.fence, 2, "the released record's fence grew");
 }
 
-/// A connection of someone else's that implements `TxConnection` without
-/// `claim_done`: the trait's default (claim, then complete) stands in.
+/// A record the claim wrote DONE must not stay DONE for a body that failed:
+/// when its release fails too, the call fails with a store error (so the
+/// caller rolls back) instead of handing back the body's own error, after
+/// which a caller might commit. A hand caller whose body returns another
+/// value than the `known` one the claim recorded fails the same way.
+#[tokio::test]
+async fn sqlite_a_done_record_that_cannot_be_released_or_is_wrong_fails_the_call() {
+    use idem_runtime::protocol::{Kind, Spec, execute_in_tx};
+
+    let store = sqlite().await;
+    sqlx::query(
+        "CREATE TRIGGER refuse_release BEFORE UPDATE ON idem_records WHEN NEW.state = 0
+         BEGIN SELECT RAISE(ABORT, 'injected: the release cannot be written'); END",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let mut tx = store.pool().begin().await.unwrap();
+    let err = settle(&mut tx, "r-1".into(), true).await.unwrap_err();
+    assert!(
+        matches!(err, AppError::Idem(idem_runtime::Error::Store(_))),
+        "{err:?}"
+    );
+    tx.rollback().await.unwrap();
+
+    const SPEC: Spec = Spec::new("tx-tests.sqlite.known", Kind::Call);
+    let mut tx = store.pool().begin().await.unwrap();
+    let key = Key::builder(SPEC.scope).part("k-1").finish();
+    let out: Result<u32, idem_runtime::Error> =
+        execute_in_tx(&SPEC, &mut *tx, key, None, Some(5), async |_| Ok(6)).await;
+    assert!(matches!(out, Err(idem_runtime::Error::Store(_))), "{out:?}");
+    tx.rollback().await.unwrap();
+    let mut tx = store.pool().begin().await.unwrap();
+    let out: Result<u32, idem_runtime::Error> =
+        execute_in_tx(&SPEC, &mut *tx, key, None, Some(5), async |_| Ok(5)).await;
+    assert_eq!(out.unwrap(), 5);
+    tx.commit().await.unwrap();
+    assert_eq!(
+        store.inspect(&key).await.unwrap().unwrap().state,
+        RecordState::Done
+    );
+}
+
+/// A connection of someone else's that implements `TxConnection` with the
+/// required methods only: `claims_done` says no, so a `()` result is claimed
+/// PROCESSING and completed after its body, as any other.
 struct Forwarding<'c>(&'c mut sqlx::SqliteConnection);
 
 #[idem_runtime::store::async_trait]
@@ -311,19 +355,24 @@ async fn settle_forwarded(
         .bind(&order_no)
         .execute(&mut *conn.0)
         .await?;
+    // What the record says while the body runs.
+    sqlx::query("INSERT INTO seen_states SELECT state FROM idem_records WHERE state <> 2")
+        .execute(&mut *conn.0)
+        .await?;
     if decline {
         return Err(AppError::Declined);
     }
     Ok(())
 }
 
-/// `claim_done`'s default on a connection that does not write DONE in its
-/// claim: the record is claimed, then completed before the body runs (one
-/// update), commits DONE, replays; and an `Err` releases it all the same.
+/// On a connection that does not write DONE in its claim, a `()` result
+/// takes the usual path: PROCESSING while the body runs, then one completion
+/// to DONE, committed, replayed; an `Err` releases the PROCESSING record.
 #[tokio::test]
-async fn sqlite_claim_done_by_default_claims_then_completes() {
+async fn sqlite_a_connection_that_does_not_claim_done_completes_after_the_body() {
     let store = sqlite().await;
     for ddl in [
+        "CREATE TABLE seen_states (state INTEGER NOT NULL)",
         "CREATE TABLE record_updates (state INTEGER NOT NULL)",
         "CREATE TRIGGER count_record_updates AFTER UPDATE ON idem_records
          BEGIN INSERT INTO record_updates VALUES (NEW.state); END",
@@ -345,6 +394,11 @@ async fn sqlite_claim_done_by_default_claims_then_completes() {
         [2],
         "claimed PROCESSING, then one completion to DONE"
     );
+    let seen: Vec<i64> = sqlx::query_scalar("SELECT state FROM seen_states")
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(seen, [1], "PROCESSING while the body ran");
     tx.commit().await.unwrap();
     let record = store.inspect(&key("f-1")).await.unwrap().unwrap();
     assert_eq!(record.state, RecordState::Done);

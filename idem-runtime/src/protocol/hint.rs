@@ -42,16 +42,20 @@ thread_local! {
 
 /// The moving average of `scope`'s calls.
 fn observed(scope: &'static str) -> &'static AtomicU64 {
-    SLOTS.with(|slots| {
-        *slots
-            .borrow_mut()
-            .entry((scope.as_ptr() as usize, scope.len()))
-            .or_insert_with(|| {
-                *lock(&OBSERVED)
-                    .entry(scope)
-                    .or_insert_with(|| Box::leak(Box::new(AtomicU64::new(0))))
-            })
-    })
+    let shared = || {
+        *lock(&OBSERVED)
+            .entry(scope)
+            .or_insert_with(|| Box::leak(Box::new(AtomicU64::new(0))))
+    };
+    // A call finishing while its thread's locals are torn down goes the long way.
+    SLOTS
+        .try_with(|slots| {
+            *slots
+                .borrow_mut()
+                .entry((scope.as_ptr() as usize, scope.len()))
+                .or_insert_with(shared)
+        })
+        .unwrap_or_else(|_| shared())
 }
 
 /// Fibonacci hashing of a string's address and length.

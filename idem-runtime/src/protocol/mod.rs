@@ -303,11 +303,21 @@ where
 /// SERIALIZABLE a blocked duplicate gets a serialization failure to retry.
 ///
 /// `known` is the result when it is known before the body runs (the
-/// expansion passes `Some(())` for a `Result<(), E>`): the claim then writes
-/// the record DONE at once ([`TxConnection::claim_done`]) and no completion
-/// follows, a statement fewer per first call. It is safe because the record
-/// is on the caller's transaction: it commits only with the body's writes, a
-/// rollback removes it with them, and an `Err` from the body releases it.
+/// expansion passes `Some(())` for a `Result<(), E>`, `None` otherwise). On
+/// a connection that can ([`TxConnection::claims_done`]) the claim then
+/// writes the record DONE at once and no completion follows: a statement
+/// fewer per first call. The record is on the caller's transaction, so it
+/// commits only with the body's writes and a rollback removes it with them;
+/// an `Err` from the body releases it, and if that release fails the call
+/// fails with [`Error::Store`] so the caller rolls back. A body whose `Ok`
+/// differs from `known` fails the same way. What it cannot cover: a caller
+/// that commits after its call panicked or was dropped mid-body commits the
+/// record as done (without `known`, as a claim a retry takes over once its
+/// lease runs out), with whatever the body had written. Dropping an sqlx
+/// `Transaction` rolls it back; commit only after the call returned.
+///
+/// Under READ UNCOMMITTED, a duplicate could read such a record before the
+/// transaction that wrote it ends and replay it.
 pub async fn execute_in_tx<C, T, M, E, F>(
     spec: &Spec,
     conn: &mut C,
@@ -343,6 +353,7 @@ where
             ttl: spec.ttl,
         };
         let done = known
+            .filter(|_| conn.tx_connection().claims_done())
             .and_then(|value| value.to_stored().ok())
             .filter(|payload| {
                 payload.len() <= TxConnection::max_result_bytes(conn.tx_connection())
@@ -384,9 +395,8 @@ where
         let running = hint::Running::start(spec, key, answered);
         let out = flow::scope(ctx, body(&mut *conn)).await;
         running.finish();
-        if done.is_some() && out.is_ok() {
-            report::call(spec, CallOutcome::Executed);
-            return out;
+        if let Some(written) = done {
+            return finish_done(spec, conn.tx_connection(), &key, token, out, &written).await;
         }
         finish(
             spec,
@@ -401,6 +411,51 @@ where
     }
     .instrument(span)
     .await
+}
+
+/// The end of a call whose claim wrote the record DONE with `written`: an
+/// `Ok` that is what was written leaves it; an `Err` releases it. A record
+/// that cannot be made to say what happened fails the call, so the caller
+/// rolls back instead of committing a success that was not.
+async fn finish_done<C, T, M, E>(
+    spec: &Spec,
+    conn: &mut C,
+    key: &Key,
+    token: Token,
+    out: Result<T, E>,
+    written: &[u8],
+) -> Result<T, E>
+where
+    C: TxConnection + ?Sized,
+    T: StoredForm<M>,
+    E: FromIdemError,
+{
+    let problem = match &out {
+        Ok(value) if value.to_stored().is_ok_and(|bytes| bytes == written) => {
+            report::call(spec, CallOutcome::Executed);
+            return out;
+        }
+        Ok(_) => "the body's result is not the one known before it ran, which the claim recorded",
+        Err(_) => match conn.release(key, token).await {
+            Ok(true) => {
+                report::call(spec, CallOutcome::Failed);
+                return out;
+            }
+            Ok(false) => "the record this call wrote done was gone when its body failed",
+            Err(e) => {
+                report::call(spec, CallOutcome::StoreError);
+                tracing::error!(error = %e, "could not release the record after an error; failing the call so it rolls back");
+                return Err(E::from(Error::Store(e)));
+            }
+        },
+    };
+    report::call(spec, CallOutcome::StoreError);
+    tracing::error!("{problem}; failing the call so it rolls back");
+    Err(E::from(Error::Store(crate::StoreError::new(
+        conn.backend(),
+        "the caller's transaction",
+        problem,
+    ))))
 }
 
 /// Runs a step of the current flow: replays its saved output if an earlier

@@ -66,12 +66,22 @@ pub trait TxConnection: Send {
     /// [`crate::store::Store::claim`], on this connection.
     async fn claim(&mut self, req: ClaimRequest<'_>) -> Result<Claim, StoreError>;
 
+    /// Whether [`TxConnection::claim_done`] writes the record DONE in the
+    /// claim itself, and [`TxConnection::release`] releases a record
+    /// written so. The protocol uses `claim_done` only then; the default is
+    /// `false` (claim, body, completion). The SQL stores' connections say
+    /// `true`.
+    fn claims_done(&self) -> bool {
+        false
+    }
+
     /// A claim whose record is written DONE with `completion` at once, for a
     /// body whose result is known before it runs (a `()` result). The record
     /// commits with the body's writes or rolls back with them, so no
     /// completion statement follows; if the body fails after all,
     /// [`TxConnection::release`] releases it. A live record is judged as by
-    /// [`TxConnection::claim`].
+    /// [`TxConnection::claim`]. Called only when
+    /// [`TxConnection::claims_done`] says so.
     ///
     /// The default claims, then completes (two statements).
     async fn claim_done(

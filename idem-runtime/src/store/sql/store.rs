@@ -614,6 +614,10 @@ macro_rules! tx_connection {
                     .map_err(|e| $crate::StoreError::new(self.backend(), $crate::store::sql::store::IN_TX, e))
             }
 
+            fn claims_done(&self) -> bool {
+                true
+            }
+
             async fn claim_done(
                 &mut self,
                 req: $crate::store::ClaimRequest<'_>,
