@@ -163,7 +163,7 @@ use crate::protocol::report;
 /// Tells the runner that what the handler's annotated call recorded did not
 /// last: the caller's transaction carrying the record (`tx = tx`) failed to
 /// commit. The delivery then counts as a retryable failure instead of being
-/// acked on a record that does not exist. [`Runner::run_in_tx`] does this
+/// acked on a record that does not exist. `Runner::run_in_tx` (SQL features) does this
 /// itself; only a handler that begins and commits its own transaction needs it.
 ///
 /// ```

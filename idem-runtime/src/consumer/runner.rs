@@ -119,8 +119,7 @@ impl Runner {
     /// instead, and replays it).
     ///
     /// The broker must hand out that many unacked messages: on RabbitMQ set
-    /// [`prefetch`](super::rabbitmq::RabbitMqBuilder::prefetch) to at least
-    /// `n`; on Redis Streams and JetStream a `batch` of about `n` fetches them
+    /// `RabbitMqBuilder::prefetch` (feature `rabbitmq`) to at least `n`; on Redis Streams and JetStream a `batch` of about `n` fetches them
     /// in one round trip. The handler is shared by reference, not spawned:
     /// the deliveries run concurrently on the task that runs `run`, so a
     /// multi-threaded runtime spreads them over its threads only through the

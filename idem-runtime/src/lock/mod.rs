@@ -13,9 +13,9 @@
 //! long GC pause, a partition) can neither extend nor delete the lock a later
 //! holder took meanwhile: the reference notes' "lock deleted by mistake".
 //!
-//! - [`redis`] (feature `redis`): `SET key token NX PX lease`; renew and
+//! - `redis` (feature `redis`): `SET key token NX PX lease`; renew and
 //!   release are compare-and-set Lua scripts.
-//! - [`postgres`] (feature `postgres`): a session advisory lock on a
+//! - `postgres` (feature `postgres`): a session advisory lock on a
 //!   connection the guard owns; the lease is the server's
 //!   `idle_session_timeout` on that connection.
 //!

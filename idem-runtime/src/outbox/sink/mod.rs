@@ -4,9 +4,9 @@
 //!
 //! | sink | topic is | message id travels as | duplicate re-publish |
 //! |---|---|---|---|
-//! | [`RedisStreamsSink`] (feature `redis-streams`) | the stream | field `message-id` | a second entry; the consumer's record deduplicates |
-//! | [`JetStreamSink`] (feature `jetstream`) | the subject | `Nats-Msg-Id` header | dropped by the server inside the stream's duplicate window |
-//! | [`RabbitMqSink`] (feature `rabbitmq`) | the routing key (on the default exchange unless set) | AMQP `message-id` | a second message; the consumer's record deduplicates |
+//! | `RedisStreamsSink` (feature `redis-streams`) | the stream | field `message-id` | a second entry; the consumer's record deduplicates |
+//! | `JetStreamSink` (feature `jetstream`) | the subject | `Nats-Msg-Id` header | dropped by the server inside the stream's duplicate window |
+//! | `RabbitMqSink` (feature `rabbitmq`) | the routing key (on the default exchange unless set) | AMQP `message-id` | a second message; the consumer's record deduplicates |
 //! | [`MemorySink`] | anything | [`Outgoing::id`] | delivered again |
 
 #[cfg(feature = "jetstream")]
