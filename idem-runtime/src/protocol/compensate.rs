@@ -125,7 +125,7 @@ pub(super) fn register<T, C, CF, U, E2>(
                 key,
                 None,
                 compensate(output),
-                &ReleaseAll,
+                ReleaseAll,
                 None,
             )
             .await;

@@ -1,6 +1,8 @@
 //! Renewing the lease while the body runs, so a live owner is never taken over.
 
 use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::flow::FlowContext;
@@ -8,17 +10,18 @@ use crate::key::Key;
 use crate::store::{StoreRef, Token};
 
 /// Polls the body and, beside it, renews the lease every third of it, so a long
-/// body is never taken over while it is alive.
-pub(super) async fn heartbeat<F: Future>(
-    store: &StoreRef,
-    key: &Key,
+/// body is never taken over while it is alive. The renewal starts (and arms
+/// its timer) only once the body has waited.
+pub(super) fn heartbeat<'a, F: Future + 'a>(
+    store: &'a StoreRef,
+    key: &'a Key,
     token: Token,
     lease: Duration,
-    ctx: &FlowContext,
+    ctx: &'a FlowContext,
     body: F,
-) -> F::Output {
+) -> impl Future<Output = F::Output> + 'a {
     let period = (lease / 3).max(Duration::from_millis(10));
-    let renew = async {
+    let renew = async move {
         loop {
             tokio::time::sleep(period).await;
             match store.renew(key, token, lease).await {
@@ -36,9 +39,32 @@ pub(super) async fn heartbeat<F: Future>(
         }
         std::future::pending::<()>().await;
     };
-    tokio::select! {
-        biased;
-        out = body => out,
-        () = renew => unreachable!("the heartbeat never finishes"),
+    Beside { body, renew }
+}
+
+pin_project_lite::pin_project! {
+    /// The body first, then the renewal, which never ends. A struct rather
+    /// than `select!` in an `async` block, which would hold the body twice
+    /// (the block's capture and the macro's own tuple).
+    struct Beside<F, R> {
+        #[pin]
+        body: F,
+        #[pin]
+        renew: R,
+    }
+}
+
+impl<F: Future, R: Future<Output = ()>> Future for Beside<F, R> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        if let Poll::Ready(out) = this.body.poll(cx) {
+            return Poll::Ready(out);
+        }
+        match this.renew.poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(()) => unreachable!("the heartbeat never finishes"),
+        }
     }
 }

@@ -25,6 +25,7 @@ mod hint;
 mod record;
 pub(crate) mod recovering;
 pub(crate) mod report;
+mod span;
 
 use std::future::Future;
 
@@ -169,39 +170,41 @@ impl<E: Serialize + DeserializeOwned> ErrorPolicy<E> for KeepFinal<E> {
 /// assert_eq!(again.unwrap(), 1); // replayed, the body did not run
 /// # });
 /// ```
-pub async fn execute<T, M, E, F>(
+// The `execute*` functions are plain functions returning `run`'s future, not
+// `async fn`s: an `async fn` keeps its arguments, the body's future among
+// them, for as long as it lives, so each layer would hold another copy of it.
+pub fn execute<T, M, E, F>(
     spec: &Spec,
     store: Option<StoreRef>,
     key: Key,
     fingerprint: Option<Fingerprint>,
     body: F,
-) -> Result<T, E>
+) -> impl Future<Output = Result<T, E>>
 where
     T: StoredForm<M>,
     E: FromIdemError,
     F: Future<Output = Result<T, E>>,
 {
-    run::<T, M, E, F, ReleaseAll>(spec, store, key, fingerprint, body, &ReleaseAll, None).await
+    run::<T, M, E, F, ReleaseAll>(spec, store, key, fingerprint, body, ReleaseAll, None)
 }
 
 /// [`execute`] for a call with `recover`: its arguments are stored with the
 /// claim, so a [`Worker`](crate::recovery::Worker) can finish the call if its
 /// caller never comes back (see [`crate::recovery`]).
-pub(crate) async fn execute_recoverable<T, M, E, F>(
+pub(crate) fn execute_recoverable<T, M, E, F>(
     spec: &Spec,
     store: Option<StoreRef>,
     key: Key,
     fingerprint: Option<Fingerprint>,
     args: CallArgs,
     body: F,
-) -> Result<T, E>
+) -> impl Future<Output = Result<T, E>>
 where
     T: StoredForm<M>,
     E: FromIdemError,
     F: Future<Output = Result<T, E>>,
 {
-    run::<T, M, E, F, ReleaseAll>(spec, store, key, fingerprint, body, &ReleaseAll, Some(args))
-        .await
+    run::<T, M, E, F, ReleaseAll>(spec, store, key, fingerprint, body, ReleaseAll, Some(args))
 }
 
 /// Like [`execute`], but an `Err` for which `is_final` returns `true` is stored
@@ -231,14 +234,14 @@ where
 /// assert!(matches!(again, Err(PayError::Declined))); // replayed, not charged again
 /// # });
 /// ```
-pub async fn execute_keeping_final<T, M, E, F>(
+pub fn execute_keeping_final<T, M, E, F>(
     spec: &Spec,
     store: Option<StoreRef>,
     key: Key,
     fingerprint: Option<Fingerprint>,
     is_final: fn(&E) -> bool,
     body: F,
-) -> Result<T, E>
+) -> impl Future<Output = Result<T, E>>
 where
     T: StoredForm<M>,
     E: FromIdemError + Serialize + DeserializeOwned,
@@ -252,15 +255,14 @@ where
         key,
         fingerprint,
         body,
-        &KeepFinal(is_final),
+        KeepFinal(is_final),
         None,
     )
-    .await
 }
 
 /// [`execute_keeping_final`] for a call with `recover` (see
 /// [`execute_recoverable`]).
-pub(crate) async fn execute_keeping_final_recoverable<T, M, E, F>(
+pub(crate) fn execute_keeping_final_recoverable<T, M, E, F>(
     spec: &Spec,
     store: Option<StoreRef>,
     key: Key,
@@ -268,7 +270,7 @@ pub(crate) async fn execute_keeping_final_recoverable<T, M, E, F>(
     is_final: fn(&E) -> bool,
     args: CallArgs,
     body: F,
-) -> Result<T, E>
+) -> impl Future<Output = Result<T, E>>
 where
     T: StoredForm<M>,
     E: FromIdemError + Serialize + DeserializeOwned,
@@ -281,10 +283,9 @@ where
         key,
         fingerprint,
         body,
-        &KeepFinal(is_final),
+        KeepFinal(is_final),
         Some(args),
     )
-    .await
 }
 
 /// Runs `body` at most once per `key`, recording the claim and the result on
@@ -575,7 +576,7 @@ where
         key,
         None,
         guarded,
-        &ReleaseAll,
+        ReleaseAll,
         None,
     )
     .await;
@@ -593,38 +594,41 @@ where
     }
 }
 
-async fn run<T, M, E, F, P>(
+/// One plain function around one `async` block, which alone holds the body's
+/// future (see `execute`); the span is made when the call is first polled,
+/// under whatever span is current then, as an `async fn`'s would be.
+fn run<T, M, E, F, P>(
     spec: &Spec,
     store: Option<StoreRef>,
     key: Key,
     fingerprint: Option<Fingerprint>,
     body: F,
-    policy: &P,
+    policy: P,
     args: Option<CallArgs>,
-) -> Result<T, E>
+) -> impl Future<Output = Result<T, E>>
 where
     T: StoredForm<M>,
     E: FromIdemError,
     F: Future<Output = Result<T, E>>,
     P: ErrorPolicy<E>,
 {
-    let Some(store) = store.or_else(crate::install::default_store) else {
-        return Err(Error::NoStore.into());
-    };
-    // The first call a recovery runs must claim the abandoned record's key.
-    let recovering = match spec.kind {
-        Kind::Step => None,
-        _ => recovering::check(&key),
-    };
-    if recovering == Some(false) {
-        tracing::error!(scope = spec.scope, key = %key.short(), "a recovered call derived another key from its stored arguments; not claiming it");
-        return Err(Error::RecoveryMismatch {
-            scope: spec.scope.to_owned(),
+    let call = async move {
+        let policy = &policy;
+        let Some(store) = store.or_else(crate::install::default_store) else {
+            return Err(Error::NoStore.into());
+        };
+        // The first call a recovery runs must claim the abandoned record's key.
+        let recovering = match spec.kind {
+            Kind::Step => None,
+            _ => recovering::check(&key),
+        };
+        if recovering == Some(false) {
+            tracing::error!(scope = spec.scope, key = %key.short(), "a recovered call derived another key from its stored arguments; not claiming it");
+            return Err(Error::RecoveryMismatch {
+                scope: spec.scope.to_owned(),
+            }
+            .into());
         }
-        .into());
-    }
-    let span = tracing::debug_span!("idem", scope = spec.scope, key = %key.short(), fence = tracing::field::Empty);
-    async move {
         let token = Token::random();
         let sealed = args.map(|a| args::seal(&key, spec.scope, &a, store.max_result_bytes()));
         let recovery = sealed.as_deref().map(|args| RecoveryArgs {
@@ -655,7 +659,6 @@ where
                 finish(spec, &mut store, &key, token, out, policy, keep_claim).await
             }
         }
-    }
-    .instrument(span)
-    .await
+    };
+    span::InSpan::new(spec.scope, key, call)
 }
