@@ -11,13 +11,25 @@ pin_project_lite::pin_project! {
     /// does, but makes the span at the first poll rather than when the
     /// future is built: under the span current then, as an `async fn`'s
     /// own would be, and without an `async` layer around `call` that would
-    /// hold another copy of it.
+    /// hold another copy of it. A call that finishes or is dropped (a
+    /// cancelled request) is dropped inside the span too, so what its drop
+    /// logs keeps the scope and key.
     pub(super) struct InSpan<F> {
         scope: &'static str,
         key: Key,
         span: Option<tracing::Span>,
         #[pin]
-        call: F,
+        call: Option<F>,
+    }
+
+    impl<F> PinnedDrop for InSpan<F> {
+        fn drop(this: Pin<&mut Self>) {
+            let mut this = this.project();
+            if let Some(span) = this.span.as_ref() {
+                let _entered = span.enter();
+                this.call.set(None);
+            }
+        }
     }
 }
 
@@ -27,7 +39,7 @@ impl<F> InSpan<F> {
             scope,
             key,
             span: None,
-            call,
+            call: Some(call),
         }
     }
 }
@@ -36,12 +48,99 @@ impl<F: Future> Future for InSpan<F> {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let this = self.project();
+        let mut this = self.project();
         let (scope, key) = (*this.scope, &*this.key);
         let span = this.span.get_or_insert_with(|| {
             tracing::debug_span!("idem", scope, key = %key.short(), fence = tracing::field::Empty)
         });
         let _entered = span.enter();
-        this.call.poll(cx)
+        let out = this
+            .call
+            .as_mut()
+            .as_pin_mut()
+            .expect("an idempotent call polled after it finished")
+            .poll(cx);
+        if out.is_ready() {
+            this.call.set(None);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Metadata, Subscriber};
+
+    use super::*;
+
+    /// Counts the spans entered right now (one thread).
+    #[derive(Default)]
+    struct Depth {
+        entered: Mutex<usize>,
+        next: AtomicU64,
+    }
+
+    #[derive(Clone)]
+    struct Shared(Arc<Depth>);
+
+    impl Subscriber for Shared {
+        fn enabled(&self, _: &Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &Attributes<'_>) -> Id {
+            Id::from_u64(self.0.next.fetch_add(1, Ordering::Relaxed) + 1)
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, _: &Event<'_>) {}
+        fn enter(&self, _: &Id) {
+            *self.0.entered.lock().unwrap() += 1;
+        }
+        fn exit(&self, _: &Id) {
+            *self.0.entered.lock().unwrap() -= 1;
+        }
+    }
+
+    /// Says how many spans were entered when it was dropped.
+    struct Guard(Arc<Depth>, Arc<AtomicUsize>);
+
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            let depth = *self.0.entered.lock().unwrap();
+            self.1.store(depth, Ordering::Relaxed);
+        }
+    }
+
+    /// A call cancelled after it started (a client that went away) is
+    /// dropped inside its span, as `Instrumented` drops what it wraps.
+    #[test]
+    fn a_cancelled_call_is_dropped_inside_its_span() {
+        let depth = Arc::new(Depth::default());
+        let seen = Arc::new(AtomicUsize::new(usize::MAX));
+        tracing::subscriber::with_default(Shared(depth.clone()), || {
+            let guard = Guard(depth.clone(), seen.clone());
+            let key = Key::builder("span.test").part("k").finish();
+            let mut call = Box::pin(InSpan::new("span.test", key, async move {
+                let _guard = guard;
+                std::future::pending::<()>().await
+            }));
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            assert!(call.as_mut().poll(&mut cx).is_pending());
+            assert_eq!(
+                *depth.entered.lock().unwrap(),
+                0,
+                "left the span after the poll"
+            );
+            drop(call);
+        });
+        assert_eq!(
+            seen.load(Ordering::Relaxed),
+            1,
+            "the body was dropped inside the span"
+        );
     }
 }
