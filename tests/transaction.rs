@@ -793,10 +793,11 @@ mod postgres {
     }
 
     /// With a `()` result a first call adds one statement to the caller's
-    /// transaction, as the reference notes' dedup row does: the claim, which
-    /// writes the record DONE. A replay is the claim alone.
+    /// transaction, as the reference notes' dedup row does: a plain insert of
+    /// the record DONE. A replay is that insert, which finds the row, and
+    /// the claim that reads it: two.
     #[tokio::test]
-    async fn a_unit_result_adds_one_statement_and_a_replay_one() {
+    async fn a_unit_result_adds_one_statement_and_a_replay_two() {
         let Some(store) = pg().await else { return };
         let no = order_no("unit-statements");
         let body = |sql: &String| sql.contains("tx_test_orders");
@@ -825,7 +826,12 @@ mod postgres {
             .expect("a replay, not a second insert of the UNIQUE order number");
         let replay = seen.take();
         tx.commit().await.unwrap();
-        assert_eq!(replay.len(), 1, "a replay: the claim alone: {replay:#?}");
+        assert_eq!(
+            replay.len(),
+            2,
+            "a replay: the insert that finds the row, the claim: {replay:#?}"
+        );
+        assert!(!replay.iter().any(body), "{replay:#?}");
         assert_eq!(orders(&store, &no).await, 1);
     }
 
