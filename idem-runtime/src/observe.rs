@@ -112,7 +112,7 @@ struct Site {
 impl std::hash::Hash for Site {
     fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
         // One word: the addresses and small numbers already tell sites
-        // apart; `SiteHasher` spreads it.
+        // apart; `WordHasher` spreads it.
         let outcome = self.outcome.map_or(0, |o| o as u64 + 1);
         h.write_u64(
             (self.scope.0 as u64)
@@ -124,12 +124,13 @@ impl std::hash::Hash for Site {
     }
 }
 
-/// Fibonacci hashing of the one word `Site` writes: SipHash would cost more
-/// than the lookup saves.
+/// Fibonacci hashing of keys made of a word or two (a call site here, a
+/// scope's address and length in the in-progress hint): SipHash would cost
+/// more than the lookup saves.
 #[derive(Default)]
-struct SiteHasher(u64);
+pub(crate) struct WordHasher(u64);
 
-impl std::hash::Hasher for SiteHasher {
+impl std::hash::Hasher for WordHasher {
     fn finish(&self) -> u64 {
         self.0
     }
@@ -141,6 +142,9 @@ impl std::hash::Hasher for SiteHasher {
     fn write_u64(&mut self, n: u64) {
         self.0 = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
 }
 
 thread_local! {
@@ -148,7 +152,7 @@ thread_local! {
     /// with labels sorts and hashes them, which on the hot path cost about
     /// as much as the memory store's claim. Per thread, so no lock; freed
     /// with the thread.
-    static KEYS: RefCell<HashMap<Site, Key, BuildHasherDefault<SiteHasher>>> =
+    static KEYS: RefCell<HashMap<Site, Key, BuildHasherDefault<WordHasher>>> =
         RefCell::new(HashMap::default());
 }
 

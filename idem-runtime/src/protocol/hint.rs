@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::key::{DigestHasher, Key};
+use crate::observe::WordHasher;
 
 use super::Spec;
 
@@ -36,7 +37,7 @@ static OBSERVED: Mutex<HashMap<&'static str, &'static AtomicU64, ScopeHasher>> =
 thread_local! {
     /// This thread's way to a scope's slot, by the scope string's address
     /// and length: no lock and no hash of its bytes when a call finishes.
-    static SLOTS: RefCell<HashMap<(usize, usize), &'static AtomicU64, BuildHasherDefault<AddressHasher>>> =
+    static SLOTS: RefCell<HashMap<(usize, usize), &'static AtomicU64, BuildHasherDefault<WordHasher>>> =
         RefCell::new(HashMap::default());
 }
 
@@ -56,24 +57,6 @@ fn observed(scope: &'static str) -> &'static AtomicU64 {
                 .or_insert_with(shared)
         })
         .unwrap_or_else(|_| shared())
-}
-
-/// Fibonacci hashing of a string's address and length.
-#[derive(Default)]
-struct AddressHasher(u64);
-
-impl std::hash::Hasher for AddressHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.0 = (self.0.rotate_left(29) ^ n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
 }
 
 /// The calls running in this process and when they started: at most one
