@@ -158,6 +158,20 @@ async fn sqlite_concurrent_duplicate_waits_for_the_writer_and_replays() {
     let _ = std::fs::remove_file(&path);
 }
 
+/// Logs the state of every update of a record into `record_updates`:
+/// sqlx runs SQLite's statements on a worker thread of its own, out of sight
+/// of the statement recorder. A completion is an UPDATE; the claim of a
+/// fresh key, an INSERT.
+async fn log_record_updates(store: &SqliteStore) {
+    for ddl in [
+        "CREATE TABLE record_updates (state INTEGER NOT NULL)",
+        "CREATE TRIGGER count_record_updates AFTER UPDATE ON idem_records
+         BEGIN INSERT INTO record_updates VALUES (NEW.state); END",
+    ] {
+        sqlx::query(ddl).execute(store.pool()).await.unwrap();
+    }
+}
+
 /// A `()` result is known before the body runs: the claim writes the record
 /// DONE at once and no completion follows (`TxConnection::claim_done`).
 #[idempotent(key = "order_no", tx = tx, scope = "tx-tests.sqlite.settle")]
@@ -189,16 +203,7 @@ fn settle_key(order_no: &str) -> Key {
 #[tokio::test]
 async fn sqlite_a_unit_result_is_done_from_the_claim_and_commits_or_rolls_back_with_the_body() {
     let store = sqlite().await;
-    // sqlx runs SQLite's statements on a worker thread of its own, out of
-    // sight of the statement recorder: a trigger counts the record's updates
-    // instead. A completion is an UPDATE; the claim of a fresh key, an INSERT.
-    for ddl in [
-        "CREATE TABLE record_updates (state INTEGER NOT NULL)",
-        "CREATE TRIGGER count_record_updates AFTER UPDATE ON idem_records
-         BEGIN INSERT INTO record_updates VALUES (NEW.state); END",
-    ] {
-        sqlx::query(ddl).execute(store.pool()).await.unwrap();
-    }
+    log_record_updates(&store).await;
     let mut tx = store.pool().begin().await.unwrap();
     settle(&mut tx, "u-1".into(), false).await.unwrap();
     let updates: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM record_updates")
@@ -260,6 +265,64 @@ async fn sqlite_a_unit_result_that_fails_releases_the_record_the_claim_wrote_don
     let record = store.inspect(&settle_key("u-2")).await.unwrap().unwrap();
     assert_eq!(record.state, RecordState::Done);
     assert_eq!(record.fence, 2, "the released record's fence grew");
+}
+
+/// What the README warns of: a caller that commits after its call's future
+/// was dropped mid-body (a timeout) commits what the body had written, and
+/// for a `()` result a record that says done; for another result, a
+/// PROCESSING claim that a retry takes over once its lease runs out.
+#[tokio::test]
+async fn sqlite_a_commit_after_a_dropped_call_keeps_what_the_claim_wrote() {
+    #[idempotent(key = "order_no", tx = tx, scope = "tx-tests.sqlite.stuck")]
+    async fn stuck(tx: &mut Transaction<'_, Sqlite>, order_no: String) -> Result<(), AppError> {
+        sqlx::query("INSERT INTO orders (order_no) VALUES (?1)")
+            .bind(&order_no)
+            .execute(&mut **tx)
+            .await?;
+        std::future::pending::<()>().await;
+        Ok(())
+    }
+
+    #[idempotent(key = "order_no", tx = tx, scope = "tx-tests.sqlite.stuck-order")]
+    async fn stuck_order(
+        tx: &mut Transaction<'_, Sqlite>,
+        order_no: String,
+    ) -> Result<i64, AppError> {
+        sqlx::query("INSERT INTO orders (order_no) VALUES (?1)")
+            .bind(&order_no)
+            .execute(&mut **tx)
+            .await?;
+        std::future::pending::<()>().await;
+        Ok(1)
+    }
+
+    let store = sqlite().await;
+    let mut tx = store.pool().begin().await.unwrap();
+    let cut = tokio::time::timeout(Duration::from_millis(50), stuck(&mut tx, "d-1".into())).await;
+    assert!(cut.is_err(), "the call was dropped mid-body");
+    tx.commit().await.unwrap();
+    let key = Key::builder("tx-tests.sqlite.stuck").part("d-1").finish();
+    let record = store.inspect(&key).await.unwrap().unwrap();
+    assert_eq!(record.state, RecordState::Done, "a () result: done");
+    assert_eq!(count_orders(&store).await, 1, "with the body's insert");
+
+    let mut tx = store.pool().begin().await.unwrap();
+    let cut = tokio::time::timeout(
+        Duration::from_millis(50),
+        stuck_order(&mut tx, "d-2".into()),
+    )
+    .await;
+    assert!(cut.is_err(), "the call was dropped mid-body");
+    tx.commit().await.unwrap();
+    let key = Key::builder("tx-tests.sqlite.stuck-order")
+        .part("d-2")
+        .finish();
+    let record = store.inspect(&key).await.unwrap().unwrap();
+    assert_eq!(
+        record.state,
+        RecordState::Processing,
+        "another result: a claim"
+    );
 }
 
 /// A record the claim wrote DONE must not stay DONE for a body that failed:
@@ -371,14 +434,11 @@ async fn settle_forwarded(
 #[tokio::test]
 async fn sqlite_a_connection_that_does_not_claim_done_completes_after_the_body() {
     let store = sqlite().await;
-    for ddl in [
-        "CREATE TABLE seen_states (state INTEGER NOT NULL)",
-        "CREATE TABLE record_updates (state INTEGER NOT NULL)",
-        "CREATE TRIGGER count_record_updates AFTER UPDATE ON idem_records
-         BEGIN INSERT INTO record_updates VALUES (NEW.state); END",
-    ] {
-        sqlx::query(ddl).execute(store.pool()).await.unwrap();
-    }
+    log_record_updates(&store).await;
+    sqlx::query("CREATE TABLE seen_states (state INTEGER NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
     let key = |no: &str| Key::builder("tx-tests.sqlite.forwarding").part(no).finish();
 
     let mut tx = store.pool().begin().await.unwrap();

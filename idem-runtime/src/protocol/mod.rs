@@ -454,7 +454,7 @@ where
     tracing::error!("{problem}; failing the call so it rolls back");
     Err(E::from(Error::Store(crate::StoreError::new(
         conn.backend(),
-        "the caller's transaction",
+        crate::store::tx::IN_TX,
         problem,
     ))))
 }

@@ -77,10 +77,12 @@ mod tests {
 
     use super::*;
 
-    /// Counts the spans entered right now (one thread).
+    /// The spans entered right now (one thread), and what was entered when
+    /// each `idem` span was made.
     #[derive(Default)]
     struct Depth {
-        entered: Mutex<usize>,
+        entered: Mutex<Vec<u64>>,
+        idem_parents: Mutex<Vec<Option<u64>>>,
         next: AtomicU64,
     }
 
@@ -91,17 +93,21 @@ mod tests {
         fn enabled(&self, _: &Metadata<'_>) -> bool {
             true
         }
-        fn new_span(&self, _: &Attributes<'_>) -> Id {
+        fn new_span(&self, span: &Attributes<'_>) -> Id {
+            if span.metadata().name() == "idem" {
+                let parent = self.0.entered.lock().unwrap().last().copied();
+                self.0.idem_parents.lock().unwrap().push(parent);
+            }
             Id::from_u64(self.0.next.fetch_add(1, Ordering::Relaxed) + 1)
         }
         fn record(&self, _: &Id, _: &Record<'_>) {}
         fn record_follows_from(&self, _: &Id, _: &Id) {}
         fn event(&self, _: &Event<'_>) {}
-        fn enter(&self, _: &Id) {
-            *self.0.entered.lock().unwrap() += 1;
+        fn enter(&self, id: &Id) {
+            self.0.entered.lock().unwrap().push(id.into_u64());
         }
         fn exit(&self, _: &Id) {
-            *self.0.entered.lock().unwrap() -= 1;
+            self.0.entered.lock().unwrap().pop();
         }
     }
 
@@ -110,7 +116,7 @@ mod tests {
 
     impl Drop for Guard {
         fn drop(&mut self) {
-            let depth = *self.0.entered.lock().unwrap();
+            let depth = self.0.entered.lock().unwrap().len();
             self.1.store(depth, Ordering::Relaxed);
         }
     }
@@ -130,9 +136,8 @@ mod tests {
             }));
             let mut cx = Context::from_waker(std::task::Waker::noop());
             assert!(call.as_mut().poll(&mut cx).is_pending());
-            assert_eq!(
-                *depth.entered.lock().unwrap(),
-                0,
+            assert!(
+                depth.entered.lock().unwrap().is_empty(),
                 "left the span after the poll"
             );
             drop(call);
@@ -142,5 +147,27 @@ mod tests {
             1,
             "the body was dropped inside the span"
         );
+    }
+
+    /// A call built outside any span and first polled inside one gets its
+    /// `idem` span under that one, as an `async fn`'s span would: not under
+    /// whatever was current when the future was made.
+    #[test]
+    fn the_span_is_made_under_the_span_of_the_first_poll() {
+        let depth = Arc::new(Depth::default());
+        tracing::subscriber::with_default(Shared(depth.clone()), || {
+            let key = Key::builder("span.test").part("k").finish();
+            let mut call = Box::pin(InSpan::new("span.test", key, async { 1 }));
+            assert!(
+                depth.idem_parents.lock().unwrap().is_empty(),
+                "no span before the poll"
+            );
+            let outer = tracing::info_span!("outer");
+            let outer_id = outer.id().unwrap().into_u64();
+            let _in_outer = outer.enter();
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            assert_eq!(call.as_mut().poll(&mut cx), Poll::Ready(1));
+            assert_eq!(*depth.idem_parents.lock().unwrap(), [Some(outer_id)]);
+        });
     }
 }

@@ -42,6 +42,10 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::store::{Claim, ClaimRequest, Completion, Token};
 
+/// Where errors on the caller's own connection say they happened: a
+/// connection has no address to show.
+pub(crate) const IN_TX: &str = "the caller's transaction";
+
 /// A database connection the claim protocol can run on inside a transaction.
 ///
 /// Implemented for the sqlx connections of the SQL stores. Time is the
@@ -95,7 +99,7 @@ pub trait TxConnection: Send {
         {
             return Err(StoreError::new(
                 self.backend(),
-                "the caller's transaction",
+                IN_TX,
                 "a record claimed in this transaction was gone at its completion",
             ));
         }

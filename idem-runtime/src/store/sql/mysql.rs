@@ -24,7 +24,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Connection as _, Executor as _, MySql, Row as _};
 
 use super::dialect::Dialect;
-use super::record::{Record, Upserted, Won, millis};
+use super::record::{Record, Upserted, Won, claimed_state, millis, released_up_to};
 use super::recovery;
 use super::schema_migrations;
 use super::store::{Core, Settings, connect_pool, server_location, sql_store, tx_connection};
@@ -721,10 +721,10 @@ impl Dialect for MySql {
         let sent = Instant::now();
         let claimed = sqlx::query(CLAIM)
             .bind(key(req.key))
-            .bind(if done.is_some() { 2_i64 } else { 1 })
+            .bind(claimed_state(done))
             .bind(&req.token.as_bytes()[..])
             .bind(millis(req.lease))
-            .bind(millis(done.map_or(req.ttl, |d| d.ttl)))
+            .bind(millis(req.ttl))
             .bind(req.fingerprint.as_ref().map(|f| &f.as_bytes()[..]))
             .bind(done.map(|d| i64::from(d.outcome.code())))
             .bind(done.map(|d| d.payload))
@@ -800,7 +800,7 @@ impl Dialect for MySql {
         let done = sqlx::query(RELEASE)
             .bind(key(k))
             .bind(&token.as_bytes()[..])
-            .bind(if done_too { 2_i64 } else { 1 })
+            .bind(released_up_to(done_too))
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)

@@ -15,7 +15,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, Postgres};
 use sqlx::{Connection as _, Executor as _, Row as _};
 
 use super::dialect::Dialect;
-use super::record::{Record, Upserted, Won, millis};
+use super::record::{Record, Upserted, Won, claimed_state, millis, released_up_to};
 use super::recovery;
 use super::schema_migrations;
 use super::store::{Core, Settings, connect_pool, server_location, sql_store, tx_connection};
@@ -633,9 +633,9 @@ fn claim_query<'q>(
         .bind(key(req.key))
         .bind(&req.token.as_bytes()[..])
         .bind(millis(req.lease))
-        .bind(millis(done.map_or(req.ttl, |d| d.ttl)))
+        .bind(millis(req.ttl))
         .bind(req.fingerprint.as_ref().map(|f| &f.as_bytes()[..]))
-        .bind(if done.is_some() { 2_i16 } else { 1 })
+        .bind(claimed_state(done) as i16)
         .bind(done.map(|d| i16::from(d.outcome.code())))
         .bind(done.map(|d| d.payload))
 }
@@ -739,7 +739,7 @@ impl Dialect for Postgres {
         let done = sqlx::query(RELEASE)
             .bind(key(k))
             .bind(&token.as_bytes()[..])
-            .bind(if done_too { 2_i16 } else { 1 })
+            .bind(released_up_to(done_too) as i16)
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)

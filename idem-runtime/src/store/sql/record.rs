@@ -10,7 +10,9 @@ use sqlx::{ColumnIndex, Decode, Row, Type};
 
 use crate::clock::duration_millis;
 use crate::key::Fingerprint;
-use crate::store::{Claim, RecordInfo, RecordState, StoredOutcome, StoredResult, Token};
+use crate::store::{
+    Claim, Completion, RecordInfo, RecordState, StoredOutcome, StoredResult, Token,
+};
 
 /// The `state` column: free to claim (the row and its fence kept).
 pub(crate) const RELEASED: i64 = 0;
@@ -18,6 +20,18 @@ pub(crate) const RELEASED: i64 = 0;
 pub(crate) const PROCESSING: i64 = 1;
 /// The `state` column: finished; duplicates replay it.
 pub(crate) const DONE: i64 = 2;
+
+/// The state a claim writes: DONE when it carries its completion
+/// (`claim_done`), PROCESSING otherwise.
+pub(crate) fn claimed_state(done: Option<Completion<'_>>) -> i64 {
+    if done.is_some() { DONE } else { PROCESSING }
+}
+
+/// The latest state a release takes from its owner: DONE as well inside the
+/// caller's transaction, where `claim_done` may have written it.
+pub(crate) fn released_up_to(done_too: bool) -> i64 {
+    if done_too { DONE } else { PROCESSING }
+}
 
 /// The longest lease or ttl a statement writes, in milliseconds (about 35,000
 /// years, and the Redis store's bound too). Durations are clamped to it so a

@@ -14,7 +14,7 @@ use sqlx::sqlite::{
 use sqlx::{Connection as _, Executor as _, Row as _, Sqlite, SqliteConnection};
 
 use super::dialect::Dialect;
-use super::record::{Record, Upserted, Won, millis};
+use super::record::{Record, Upserted, Won, claimed_state, millis, released_up_to};
 use super::recovery;
 use super::schema_migrations;
 use super::store::{Core, Settings, sql_store, tx_connection};
@@ -410,15 +410,14 @@ impl Dialect for Sqlite {
     ) -> Result<Upserted, sqlx::Error> {
         let now = clock.now_millis();
         let lease_until = now.saturating_add(millis(req.lease));
-        let ttl = done.map_or(req.ttl, |d| d.ttl);
         let won = sqlx::query(CLAIM)
             .bind(key(req.key))
             .bind(&req.token.as_bytes()[..])
             .bind(lease_until)
-            .bind(now.saturating_add(millis(ttl)))
+            .bind(now.saturating_add(millis(req.ttl)))
             .bind(req.fingerprint.as_ref().map(|f| &f.as_bytes()[..]))
             .bind(now)
-            .bind(if done.is_some() { 2_i64 } else { 1 })
+            .bind(claimed_state(done))
             .bind(done.map(|d| i64::from(d.outcome.code())))
             .bind(done.map(|d| d.payload))
             .fetch_optional(&mut *conn)
@@ -480,7 +479,7 @@ impl Dialect for Sqlite {
             .bind(key(k))
             .bind(&token.as_bytes()[..])
             .bind(clock.now_millis())
-            .bind(if done_too { 2_i64 } else { 1 })
+            .bind(released_up_to(done_too))
             .execute(&mut *conn)
             .await?;
         Ok(done.rows_affected() == 1)

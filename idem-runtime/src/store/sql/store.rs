@@ -28,10 +28,6 @@ const CLAIM_ROUNDS: usize = 8;
 /// count differs.
 pub(crate) const MAX_ATTEMPTS: u32 = 6;
 
-/// Where errors on the caller's own connection say they happened: a
-/// connection has no address to show.
-pub(crate) const IN_TX: &str = "the caller's transaction";
-
 /// A claim on one connection: read first where the dialect needs it, then
 /// its upsert, then what holds the record if the upsert did not take it.
 ///
@@ -46,6 +42,15 @@ pub(crate) async fn claim_on<D: Dialect>(
     req: ClaimRequest<'_>,
     done: Option<Completion<'_>>,
 ) -> Result<Claim, sqlx::Error> {
+    // A record written DONE lives for the completion's ttl, as a completed
+    // one does; the dialects write `req.ttl`.
+    let req = match done {
+        Some(completion) => ClaimRequest {
+            ttl: completion.ttl,
+            ..req
+        },
+        None => req,
+    };
     for _ in 0..CLAIM_ROUNDS {
         if D::READ_FIRST
             && let Some(record) = D::read(conn, clock, req.key).await?
@@ -611,7 +616,7 @@ macro_rules! tx_connection {
             ) -> Result<$crate::store::Claim, $crate::StoreError> {
                 $crate::store::sql::store::claim_on::<$db>(self, &$clock, req, None)
                     .await
-                    .map_err(|e| $crate::StoreError::new(self.backend(), $crate::store::sql::store::IN_TX, e))
+                    .map_err(|e| $crate::StoreError::new(self.backend(), $crate::store::tx::IN_TX, e))
             }
 
             fn claims_done(&self) -> bool {
@@ -625,7 +630,7 @@ macro_rules! tx_connection {
             ) -> Result<$crate::store::Claim, $crate::StoreError> {
                 $crate::store::sql::store::claim_on::<$db>(self, &$clock, req, Some(completion))
                     .await
-                    .map_err(|e| $crate::StoreError::new(self.backend(), $crate::store::sql::store::IN_TX, e))
+                    .map_err(|e| $crate::StoreError::new(self.backend(), $crate::store::tx::IN_TX, e))
             }
 
             async fn complete(
@@ -636,7 +641,7 @@ macro_rules! tx_connection {
             ) -> Result<bool, $crate::StoreError> {
                 $crate::store::sql::store::complete_on::<$db>(self, &$clock, key, token, completion)
                     .await
-                    .map_err(|e| $crate::StoreError::new(self.backend(), $crate::store::sql::store::IN_TX, e))
+                    .map_err(|e| $crate::StoreError::new(self.backend(), $crate::store::tx::IN_TX, e))
             }
 
             async fn release(
@@ -646,7 +651,7 @@ macro_rules! tx_connection {
             ) -> Result<bool, $crate::StoreError> {
                 <$db as $crate::store::sql::dialect::Dialect>::release(self, &$clock, key, token, true)
                     .await
-                    .map_err(|e| $crate::StoreError::new(self.backend(), $crate::store::sql::store::IN_TX, e))
+                    .map_err(|e| $crate::StoreError::new(self.backend(), $crate::store::tx::IN_TX, e))
             }
         }
     };
