@@ -695,6 +695,64 @@ mod stored {
             res
         }
     }
+
+    /// The layer's reading now: straight from the record's bytes, strings
+    /// borrowed where JSON did not escape them.
+    pub fn decode(record: &[u8]) -> Result<Response<Full<Bytes>>, serde_json::Error> {
+        use std::borrow::Cow;
+        #[derive(Deserialize)]
+        struct Reading<'a> {
+            status: u16,
+            #[serde(borrow)]
+            headers: Vec<(Text<'a>, Text<'a>)>,
+            #[serde(borrow)]
+            body: ReadingBody<'a>,
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        enum ReadingBody<'a> {
+            Text(#[serde(borrow)] Text<'a>),
+            Hex(#[serde(borrow)] Text<'a>),
+        }
+        struct Text<'a>(Cow<'a, str>);
+        impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct Visit;
+                impl<'de> serde::de::Visitor<'de> for Visit {
+                    type Value = Cow<'de, str>;
+                    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                        f.write_str("a string")
+                    }
+                    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                        Ok(Cow::Borrowed(v))
+                    }
+                    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                        Ok(Cow::Owned(v.to_owned()))
+                    }
+                }
+                d.deserialize_str(Visit).map(Text)
+            }
+        }
+        let stored: Reading<'_> = serde_json::from_slice(record)?;
+        let body = match stored.body {
+            ReadingBody::Text(Text(Cow::Borrowed(s))) => Bytes::copy_from_slice(s.as_bytes()),
+            ReadingBody::Text(Text(Cow::Owned(s))) => Bytes::from(s),
+            ReadingBody::Hex(h) => Bytes::from(hex::decode(&*h.0).unwrap_or_default()),
+        };
+        let mut res = Response::new(Full::new(body));
+        *res.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
+        let headers = res.headers_mut();
+        for (Text(name), Text(value)) in stored.headers {
+            if let (Ok(n), Ok(v)) = (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(&value),
+            ) && !never_replayed(&n)
+            {
+                headers.append(n, v);
+            }
+        }
+        Ok(res)
+    }
 }
 
 /// The layer's record as the protocol sees it: bytes already encoded, copied
@@ -848,10 +906,13 @@ async fn stages() -> Result<(), BoxError> {
             .part("")
             .part(&format!("st-{i}"))
             .finish();
+        // As layer.rs's `request_fingerprint`: the digest's hex in a stack buffer.
+        let mut digest_hex = [0u8; 64];
+        hex::encode_to_slice(Sha256::digest(&sample_body), &mut digest_hex).unwrap();
         let fp = Fingerprint::builder()
             .part("POST")
             .part("/mem")
-            .part(&hex::encode(Sha256::digest(&sample_body)))
+            .part(std::str::from_utf8(&digest_hex).unwrap())
             .finish();
         black_box((key, fp));
         async {}
@@ -1001,6 +1062,14 @@ async fn stages() -> Result<(), BoxError> {
     })
     .await;
     let replay_rebuild = time(iters, |_| {
+        let mut res = stored::decode(&encoded).unwrap();
+        res.headers_mut()
+            .insert("idempotent-replayed", HeaderValue::from_static("true"));
+        black_box(res);
+        async {}
+    })
+    .await;
+    let replay_rebuild_owned = time(iters, |_| {
         let stored: stored::StoredResponse = serde_json::from_slice(&encoded).unwrap();
         let mut res = stored.to_response();
         res.headers_mut()
@@ -1096,8 +1165,13 @@ async fn stages() -> Result<(), BoxError> {
     );
     println!(
         "  {:<64} {:>9.0}",
-        "stored form: serde_json::from_slice + to_response + header",
+        "stored form: decode (borrowed) + header",
         ns(replay_rebuild)
+    );
+    println!(
+        "  {:<64} {:>9.0}",
+        "(as it was: from_slice into owned Strings + to_response)",
+        ns(replay_rebuild_owned)
     );
     println!(
         "  {:<64} {:>9.0}",

@@ -23,7 +23,7 @@ use crate::store::{AsStore, StoreRef};
 
 use super::key::{KeyProblem, KeyRules};
 use super::problem::{NO_CALLER, for_error, problem};
-use super::stored::StoredResponse;
+use super::stored;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type CallerFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
@@ -345,23 +345,26 @@ enum Recorded {
         encoded: Vec<u8>,
         response: Response<Full<Bytes>>,
     },
-    Replay(StoredResponse),
+    Replay(Response<Full<Bytes>>),
 }
 
-/// The [`StoredForm`] marker of [`Recorded`]: its record is the JSON of the
-/// [`StoredResponse`], as it was when the layer stored that directly.
+/// The [`StoredForm`] marker of [`Recorded`]: its record is the stored form
+/// of `stored.rs`, as it was when the layer stored that directly.
 enum ViaLayer {}
 
 impl StoredForm<ViaLayer> for Recorded {
     fn to_stored(&self) -> Result<Vec<u8>, serde_json::Error> {
         match self {
             Recorded::First { encoded, .. } => Ok(encoded.clone()),
-            Recorded::Replay(stored) => serde_json::to_vec(stored),
+            // Only a body's result is stored; a replay comes from a record.
+            Recorded::Replay(_) => Err(serde::ser::Error::custom(
+                "a replayed response is not stored again",
+            )),
         }
     }
 
     fn from_stored(bytes: &[u8]) -> Result<Self, serde_json::Error> {
-        serde_json::from_slice(bytes).map(Recorded::Replay)
+        stored::decode(bytes).map(Recorded::Replay)
     }
 }
 
@@ -418,6 +421,20 @@ fn original_uri(parts: &Parts) -> &http::Uri {
         return &original.0;
     }
     &parts.uri
+}
+
+/// The request's fingerprint: method, path with query, and the body's
+/// SHA-256 in lower-case hex (the form every stored record was written with).
+/// The hex is written into a stack buffer: `hex::encode` builds its `String`
+/// a `char` at a time, which cost more than the SHA-256 it encodes.
+fn request_fingerprint(method: &Method, path: &str, body: &[u8]) -> Fingerprint {
+    let mut digest_hex = [0u8; 64];
+    hex::encode_to_slice(Sha256::digest(body), &mut digest_hex).expect("64 bytes hold 32 in hex");
+    Fingerprint::builder()
+        .part(method.as_str())
+        .part(path)
+        .part(std::str::from_utf8(&digest_hex).expect("hex is ASCII"))
+        .finish()
 }
 
 async fn handle<S, ReqB, ResB>(
@@ -492,11 +509,7 @@ where
     let path = uri
         .path_and_query()
         .map_or_else(|| uri.path(), |pq| pq.as_str());
-    let fingerprint = Fingerprint::builder()
-        .part(parts.method.as_str())
-        .part(path)
-        .part(&hex::encode(Sha256::digest(&bytes)))
-        .finish();
+    let fingerprint = request_fingerprint(&parts.method, path, &bytes);
     let store = config.store.clone().or_else(crate::install::default_store);
     // Without a store the protocol answers `NoStore` before the body runs.
     let store_cap = store.as_ref().map_or(usize::MAX, |s| s.max_result_bytes());
@@ -533,7 +546,7 @@ where
                 )))));
             }
         };
-        let encoded = StoredResponse::encode(
+        let encoded = stored::encode(
             res_parts.status,
             &res_parts.headers,
             &config.keep_headers,
@@ -562,8 +575,7 @@ where
     .await;
     match out {
         Ok(Recorded::First { response, .. }) => Ok(left(response)),
-        Ok(Recorded::Replay(stored)) => {
-            let mut res = stored.to_response();
+        Ok(Recorded::Replay(mut res)) => {
             res.headers_mut()
                 .insert(super::IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
             Ok(left(res))
@@ -571,5 +583,31 @@ where
         Err(Failure::Pass(res)) => Ok(*res),
         Err(Failure::Inner(e)) => Err(e),
         Err(Failure::Idem(e)) => Ok(left(for_error(&e, config.retry_min, config.retry_max))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records already stored hold fingerprints made with `hex::encode`'s
+    /// `String`: a retry after an upgrade must still match them.
+    #[test]
+    fn the_fingerprint_is_the_one_stored_records_hold() {
+        for body in [&b""[..], b"{\"sku\":\"A-1\",\"qty\":2}", &[0xff; 300]] {
+            let before = Fingerprint::builder()
+                .part("POST")
+                .part("/orders?x=1")
+                .part(&hex::encode(Sha256::digest(body)))
+                .finish();
+            assert_eq!(
+                request_fingerprint(&Method::POST, "/orders?x=1", body),
+                before
+            );
+        }
+        assert_ne!(
+            request_fingerprint(&Method::POST, "/orders", b"a"),
+            request_fingerprint(&Method::POST, "/orders", b"b")
+        );
     }
 }

@@ -3,6 +3,8 @@
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Response, StatusCode, header};
 use http_body_util::Full;
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 /// The headers that say how to read the body: stored with every response, so
@@ -56,103 +58,163 @@ pub(crate) fn storable<'a>(
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct StoredResponse {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: StoredBody,
-}
+// The stored form of a response, as `encode` writes it and `decode` reads it:
+// `{"status":201,"headers":[["content-type","…"]],"body":{"text":"…"}}`
+// (`{"hex":"…"}` for a body that is not UTF-8: JSON has no bytes). Two
+// mirrors of that one layout, each borrowing what it can; the tests hold the
+// owned form earlier versions wrote records with.
 
-/// JSON has no bytes: text bodies are kept as they are, others in hex.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum StoredBody {
-    Text(String),
-    Hex(String),
-}
-
-/// The record of a response, serialized from borrowed headers and body: the
-/// same JSON as [`StoredResponse`] (whose fields and variants it mirrors),
-/// without an owned `String` per header and for the body first.
+/// The record as it is written, from borrowed headers and body.
 #[derive(Serialize)]
-struct Borrowed<'a> {
+struct Writing<'a> {
     status: u16,
     headers: Vec<(&'a str, &'a str)>,
-    body: BorrowedBody<'a>,
+    body: WritingBody<'a>,
 }
 
 #[derive(Serialize)]
 #[serde(rename_all = "snake_case")]
-enum BorrowedBody<'a> {
+enum WritingBody<'a> {
     Text(&'a str),
     Hex(String),
 }
 
-impl StoredResponse {
-    /// The record of a response: `status`, the headers that describe the
-    /// body and those named in `keep` (less the ones never replayed), and
-    /// `body`, as the JSON [`StoredResponse`] reads back.
-    pub(crate) fn encode(
-        status: StatusCode,
-        headers: &http::HeaderMap,
-        keep: &[HeaderName],
-        body: &Bytes,
-    ) -> Vec<u8> {
-        let extra = keep
-            .iter()
-            .enumerate()
-            .filter(|&(i, name)| !DESCRIBE_BODY.contains(name) && !keep[..i].contains(name))
-            .map(|(_, name)| name);
-        let headers = DESCRIBE_BODY
-            .iter()
-            .chain(extra)
-            .flat_map(|name| headers.get_all(name).iter().map(move |v| (name, v)))
-            .filter_map(|(name, v)| storable(name, v))
-            .collect();
-        let body = match std::str::from_utf8(body) {
-            Ok(s) => BorrowedBody::Text(s),
-            Err(_) => BorrowedBody::Hex(hex::encode(body)),
-        };
-        let record = Borrowed {
-            status: status.as_u16(),
-            headers,
-            body,
-        };
-        serde_json::to_vec(&record).expect("a stored response is strings only")
-    }
+/// The record as it is read back: strings borrowed from the record where
+/// JSON did not escape them.
+#[derive(Deserialize)]
+struct Reading<'a> {
+    status: u16,
+    #[serde(borrow)]
+    headers: Vec<(Text<'a>, Text<'a>)>,
+    #[serde(borrow)]
+    body: ReadingBody<'a>,
+}
 
-    /// The response to send again.
-    pub(crate) fn to_response(&self) -> Response<Full<Bytes>> {
-        let body = match &self.body {
-            StoredBody::Text(s) => Bytes::from(s.clone()),
-            StoredBody::Hex(h) => Bytes::from(hex::decode(h).unwrap_or_default()),
-        };
-        let mut res = Response::new(Full::new(body));
-        *res.status_mut() = StatusCode::from_u16(self.status).unwrap_or(StatusCode::OK);
-        for (name, value) in &self.headers {
-            if let (Ok(n), Ok(v)) = (
-                HeaderName::try_from(name.as_str()),
-                HeaderValue::try_from(value.as_str()),
-            ) {
-                // Records written before these headers were refused may hold them.
-                if !never_replayed(&n) {
-                    res.headers_mut().append(n, v);
-                }
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum ReadingBody<'a> {
+    Text(#[serde(borrow)] Text<'a>),
+    Hex(#[serde(borrow)] Text<'a>),
+}
+
+/// A JSON string of the record: borrowed, or owned when it held escapes
+/// (an `ETag`'s quotes, a body's newlines).
+struct Text<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Cow<'de, str>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Cow::Borrowed(v))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Cow::Owned(v.to_owned()))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+                Ok(Cow::Owned(v))
             }
         }
-        res
+        d.deserialize_str(Visit).map(Text)
     }
+}
+
+/// The record of a response: `status`, the headers that describe the
+/// body and those named in `keep` (less the ones never replayed), and
+/// `body`.
+pub(crate) fn encode(
+    status: StatusCode,
+    headers: &http::HeaderMap,
+    keep: &[HeaderName],
+    body: &Bytes,
+) -> Vec<u8> {
+    let extra = keep
+        .iter()
+        .enumerate()
+        .filter(|&(i, name)| !DESCRIBE_BODY.contains(name) && !keep[..i].contains(name))
+        .map(|(_, name)| name);
+    let headers = DESCRIBE_BODY
+        .iter()
+        .chain(extra)
+        .flat_map(|name| headers.get_all(name).iter().map(move |v| (name, v)))
+        .filter_map(|(name, v)| storable(name, v))
+        .collect();
+    let body = match std::str::from_utf8(body) {
+        Ok(s) => WritingBody::Text(s),
+        Err(_) => WritingBody::Hex(hex::encode(body)),
+    };
+    let record = Writing {
+        status: status.as_u16(),
+        headers,
+        body,
+    };
+    serde_json::to_vec(&record).expect("a stored response is strings only")
+}
+
+/// The response a record says to send again. Read straight from the
+/// record's bytes: one copy of the body, none of the header strings.
+pub(crate) fn decode(record: &[u8]) -> Result<Response<Full<Bytes>>, serde_json::Error> {
+    let stored: Reading<'_> = serde_json::from_slice(record)?;
+    let body = match stored.body {
+        ReadingBody::Text(Text(Cow::Borrowed(s))) => Bytes::copy_from_slice(s.as_bytes()),
+        ReadingBody::Text(Text(Cow::Owned(s))) => Bytes::from(s),
+        ReadingBody::Hex(h) => Bytes::from(hex::decode(&*h.0).unwrap_or_default()),
+    };
+    let mut res = Response::new(Full::new(body));
+    *res.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
+    let headers = res.headers_mut();
+    for (Text(name), Text(value)) in stored.headers {
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(&value),
+        ) {
+            // Records written before these headers were refused may hold them.
+            if !never_replayed(&n) {
+                headers.append(n, v);
+            }
+        }
+    }
+    Ok(res)
 }
 
 #[cfg(test)]
 mod tests {
+    use http_body_util::BodyExt;
+
     use super::*;
 
-    /// Records already stored must keep reading back: the borrowed encoding
-    /// is the owned form's JSON, text and hex bodies alike, with the
-    /// describing headers first and `keep`'s once each.
+    /// The owned form earlier versions wrote every record with (and read
+    /// back); records they stored must keep replaying.
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct Owned {
+        status: u16,
+        headers: Vec<(String, String)>,
+        body: OwnedBody,
+    }
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    enum OwnedBody {
+        Text(String),
+        Hex(String),
+    }
+
+    fn body_of(res: Response<Full<Bytes>>) -> Bytes {
+        futures_util::FutureExt::now_or_never(res.into_body().collect())
+            .unwrap()
+            .unwrap()
+            .to_bytes()
+    }
+
+    /// `encode` writes the owned form's JSON, byte for byte, with the
+    /// describing headers first and `keep`'s once each; `decode` reads it
+    /// back as the response, text and hex bodies alike.
     #[test]
-    fn the_borrowed_encoding_reads_back_as_the_stored_form() {
+    fn a_record_encoded_reads_back_as_the_response_and_as_the_owned_form() {
         let mut headers = http::HeaderMap::new();
         headers.insert(
             header::CONTENT_TYPE,
@@ -161,44 +223,69 @@ mod tests {
         headers.insert(header::SET_COOKIE, HeaderValue::from_static("session=1"));
         headers.append("x-request-id", HeaderValue::from_static("r-1"));
         headers.append("x-request-id", HeaderValue::from_static("r-2"));
+        headers.insert(header::ETAG, HeaderValue::from_static("\"v\\1\""));
         let keep = [
             HeaderName::from_static("x-request-id"),
             header::CONTENT_TYPE,
             header::SET_COOKIE,
             HeaderName::from_static("x-request-id"),
+            header::ETAG,
         ];
         for body in [
             Bytes::from_static(b"{\"id\":7}"),
+            Bytes::from_static("line\n\"quoted\" \u{e9}t\u{e9}".as_bytes()),
             Bytes::from_static(&[0xff, 0x00]),
         ] {
-            let encoded = StoredResponse::encode(StatusCode::CREATED, &headers, &keep, &body);
-            let stored: StoredResponse = serde_json::from_slice(&encoded).unwrap();
-            assert_eq!(serde_json::to_vec(&stored).unwrap(), encoded);
-            assert_eq!(stored.status, 201);
-            assert_eq!(
-                stored.headers,
-                [
-                    ("content-type".to_owned(), "application/json".to_owned()),
-                    ("x-request-id".to_owned(), "r-1".to_owned()),
-                    ("x-request-id".to_owned(), "r-2".to_owned()),
-                ]
-            );
-            let res = stored.to_response();
-            assert_eq!(
-                futures_util::FutureExt::now_or_never(http_body_util::BodyExt::collect(
-                    res.into_body()
-                ))
-                .unwrap()
-                .unwrap()
-                .to_bytes(),
-                body
-            );
+            let encoded = encode(StatusCode::CREATED, &headers, &keep, &body);
+            let owned: Owned = serde_json::from_slice(&encoded).unwrap();
+            assert_eq!(serde_json::to_vec(&owned).unwrap(), encoded);
+            assert_eq!(owned.status, 201);
+            let pairs = [
+                ("content-type", "application/json"),
+                ("x-request-id", "r-1"),
+                ("x-request-id", "r-2"),
+                ("etag", "\"v\\1\""),
+            ];
+            let expected: Vec<_> = pairs
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+                .collect();
+            assert_eq!(owned.headers, expected);
+
+            let res = decode(&encoded).unwrap();
+            assert_eq!(res.status(), StatusCode::CREATED);
+            let replayed: Vec<_> = res
+                .headers()
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.to_str().unwrap()))
+                .collect();
+            assert_eq!(replayed, pairs);
+            assert_eq!(body_of(res), body);
         }
-        let text =
-            StoredResponse::encode(StatusCode::OK, &headers, &[], &Bytes::from_static(b"ok"));
+        let text = encode(StatusCode::OK, &headers, &[], &Bytes::from_static(b"ok"));
         assert_eq!(
             std::str::from_utf8(&text).unwrap(),
             r#"{"status":200,"headers":[["content-type","application/json"]],"body":{"text":"ok"}}"#
         );
+    }
+
+    /// A record written before `Set-Cookie` was refused replays without it;
+    /// one that is not a stored response is an error, not an empty reply.
+    #[test]
+    fn decode_drops_headers_never_replayed_and_refuses_what_is_not_a_record() {
+        let old = Owned {
+            status: 200,
+            headers: vec![
+                ("set-cookie".into(), "session=1".into()),
+                ("Content-Type".into(), "text/plain".into()),
+            ],
+            body: OwnedBody::Hex("6f6b".into()),
+        };
+        let res = decode(&serde_json::to_vec(&old).unwrap()).unwrap();
+        assert!(res.headers().get(header::SET_COOKIE).is_none());
+        assert_eq!(res.headers()[header::CONTENT_TYPE], "text/plain");
+        assert_eq!(body_of(res), Bytes::from_static(b"ok"));
+        assert!(decode(b"{\"status\":200}").is_err());
+        assert!(decode(b"[1,2]").is_err());
     }
 }
