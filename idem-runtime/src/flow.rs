@@ -1,9 +1,10 @@
 //! The context of the idempotent call in progress: what steps and downstream
 //! calls inside the body see.
 
+use std::cell::{Cell, OnceCell};
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,17 +14,111 @@ use crate::spec::{Kind, Spec};
 use crate::store::{StoreRef, Token};
 
 tokio::task_local! {
-    static FLOW: Arc<FlowContext>;
+    static FLOW: Flow;
 }
 
+/// The call running on this task, as its body sees it: held by value in the
+/// call's task-local scope. What every call has is here; the rest (step
+/// numbering, compensations, the give-up record: [`FlowContext`]) is shared
+/// behind an `Arc` made the first time a step or a compensation asks for
+/// it, so a call whose body runs no step allocates none of it.
+pub(crate) struct Flow {
+    key: Key,
+    store: Option<StoreRef>,
+    ttl: Duration,
+    lease: Duration,
+    fence: Option<u64>,
+    owner: Option<Token>,
+    fingerprint: Option<Fingerprint>,
+    /// The context of the flow this call runs inside (a nested call, or a
+    /// step's body), so a lost lease up the chain stops new steps here too.
+    parent: Option<Arc<FlowContext>>,
+    /// The heartbeat found another owner before the context was made; the
+    /// context, once made, keeps the flag (see [`Flow::mark_lease_lost`]).
+    lease_lost: Cell<bool>,
+    /// Outbox messages written in this run so far: a message's position, from
+    /// which its id derives (a retry writes them again in the same order).
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+        allow(dead_code)
+    )]
+    outbox_written: Cell<u64>,
+    context: OnceCell<Arc<FlowContext>>,
+}
+
+impl Flow {
+    pub(crate) fn new(
+        key: Key,
+        fingerprint: Option<Fingerprint>,
+        store: Option<StoreRef>,
+        ttl: Duration,
+        lease: Duration,
+        fence: Option<u64>,
+        owner: Option<Token>,
+    ) -> Flow {
+        Flow {
+            key,
+            store,
+            ttl,
+            lease,
+            fence,
+            owner,
+            fingerprint,
+            parent: current(),
+            lease_lost: Cell::new(false),
+            outbox_written: Cell::new(0),
+            context: OnceCell::new(),
+        }
+    }
+
+    /// The shared part, made on first use.
+    fn context(&self) -> &Arc<FlowContext> {
+        self.context.get_or_init(|| {
+            Arc::new(FlowContext {
+                key: self.key,
+                store: self.store.clone(),
+                ttl: self.ttl,
+                lease: self.lease,
+                owner: self.owner,
+                fingerprint: self.fingerprint,
+                step_root: std::sync::OnceLock::new(),
+                lease_lost: AtomicBool::new(self.lease_lost.get()),
+                parent: self.parent.clone(),
+                occurrences: Mutex::new(HashMap::new()),
+                compensations: Mutex::new(Vec::new()),
+                replayed: AtomicBool::new(false),
+                may_give_up: AtomicBool::new(false),
+                gave_up: Mutex::new(None),
+            })
+        })
+    }
+
+    /// The heartbeat found another owner on the record: no new step starts,
+    /// whoever holds the context.
+    fn mark_lease_lost(&self) {
+        self.lease_lost.set(true);
+        if let Some(context) = self.context.get() {
+            context.mark_lease_lost();
+        }
+    }
+
+    /// Whether this call, or a flow it runs inside, lost its lease (the
+    /// context's own flag too: an owner proving itself can find it lost).
+    fn lease_lost(&self) -> bool {
+        self.lease_lost.get()
+            || self.context.get().is_some_and(|c| c.lease_lost())
+            || self.parent.as_ref().is_some_and(|p| p.lease_lost())
+    }
+}
+
+/// The shared part of a running call's [`Flow`]: what its steps and
+/// compensations keep across awaits.
 pub(crate) struct FlowContext {
     pub(crate) key: Key,
     // `None` inside a caller's transaction: steps then run without records.
     pub(crate) store: Option<StoreRef>,
     pub(crate) ttl: Duration,
     pub(crate) lease: Duration,
-    /// The fence of this call's claim (`None` when the claim did not say).
-    pub(crate) fence: Option<u64>,
     /// The token this call's claim holds the record under (`None` inside a
     /// caller's transaction, where nothing can take the record over).
     owner: Option<Token>,
@@ -49,13 +144,6 @@ pub(crate) struct FlowContext {
     /// What is known of the give-up record: `None` not read yet, `Some(None)`
     /// absent, `Some(Some(final error))` an earlier run gave up.
     gave_up: Mutex<Option<Option<Vec<u8>>>>,
-    /// Outbox messages written in this run so far: a message's position, from
-    /// which its id derives (a retry writes them again in the same order).
-    #[cfg_attr(
-        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
-        allow(dead_code)
-    )]
-    outbox_written: AtomicU64,
 }
 
 /// A finished step's compensation, waiting for the flow to give up.
@@ -122,35 +210,6 @@ impl Drop for Occurrence {
 }
 
 impl FlowContext {
-    pub(crate) fn new(
-        key: Key,
-        fingerprint: Option<Fingerprint>,
-        store: Option<StoreRef>,
-        ttl: Duration,
-        lease: Duration,
-        fence: Option<u64>,
-        owner: Option<Token>,
-    ) -> Arc<Self> {
-        Arc::new(FlowContext {
-            key,
-            store,
-            ttl,
-            lease,
-            fence,
-            owner,
-            fingerprint,
-            step_root: std::sync::OnceLock::new(),
-            lease_lost: AtomicBool::new(false),
-            parent: current(),
-            occurrences: Mutex::new(HashMap::new()),
-            compensations: Mutex::new(Vec::new()),
-            outbox_written: AtomicU64::new(0),
-            replayed: AtomicBool::new(false),
-            may_give_up: AtomicBool::new(false),
-            gave_up: Mutex::new(None),
-        })
-    }
-
     /// What step keys hang off: the flow key, bound to the payload fingerprint
     /// when there is one, so a retry with another payload (after a release or a
     /// takeover) never replays the steps of the first.
@@ -284,12 +343,36 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-pub(crate) fn scope<F: Future>(ctx: Arc<FlowContext>, fut: F) -> impl Future<Output = F::Output> {
-    FLOW.scope(ctx, fut)
+pub(crate) fn scope<F: Future>(flow: Flow, fut: F) -> impl Future<Output = F::Output> {
+    FLOW.scope(flow, fut)
 }
 
+/// The shared context of the call running on this task (made now if no one
+/// asked for it before).
 pub(crate) fn current() -> Option<Arc<FlowContext>> {
-    FLOW.try_with(Arc::clone).ok()
+    FLOW.try_with(|f| Arc::clone(f.context())).ok()
+}
+
+/// [`current`], for a call whose records have a store (not one inside a
+/// caller's transaction, whose steps need no records): the context and the
+/// store. Makes no context otherwise.
+pub(crate) fn current_with_store() -> Option<(Arc<FlowContext>, StoreRef)> {
+    FLOW.try_with(|f| {
+        let store = f.store.clone()?;
+        Some((Arc::clone(f.context()), store))
+    })
+    .ok()
+    .flatten()
+}
+
+/// Whether an idempotent call runs on this task; makes no context.
+pub(crate) fn in_flow() -> bool {
+    FLOW.try_with(|_| ()).is_ok()
+}
+
+/// The heartbeat of the call running on this task found another owner.
+pub(crate) fn mark_lease_lost() {
+    let _ = FLOW.try_with(Flow::mark_lease_lost);
 }
 
 /// The key of the idempotent call (or step) running on this task, if any.
@@ -344,8 +427,12 @@ pub fn current_key() -> Option<Key> {
     allow(dead_code)
 )]
 pub(crate) fn next_outbox_position() -> Option<(Key, u64)> {
-    FLOW.try_with(|f| (f.key, f.outbox_written.fetch_add(1, Ordering::Relaxed)))
-        .ok()
+    FLOW.try_with(|f| {
+        let position = f.outbox_written.get();
+        f.outbox_written.set(position + 1);
+        (f.key, position)
+    })
+    .ok()
 }
 
 /// The fence of the idempotent call (or step) running on this task: a number
@@ -402,4 +489,88 @@ pub fn current_fence() -> Option<u64> {
 /// ```
 pub fn lease_lost() -> bool {
     FLOW.try_with(|f| f.lease_lost()).unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::FutureExt;
+
+    use super::*;
+
+    fn flow(key: &str) -> Flow {
+        let key = Key::builder("flow-tests").part(key).finish();
+        let (ttl, lease) = (Duration::from_secs(60), Duration::from_secs(5));
+        Flow::new(key, None, None, ttl, lease, Some(1), None)
+    }
+
+    /// The shared context is made only when asked for, and is one for the
+    /// call however often it is asked for.
+    #[test]
+    fn the_context_is_made_on_first_use_only() {
+        scope(flow("a"), async {
+            assert!(in_flow());
+            assert!(FLOW.with(|f| f.context.get().is_none()));
+            let first = current().expect("inside a flow");
+            assert!(Arc::ptr_eq(&first, &current().unwrap()));
+        })
+        .now_or_never()
+        .unwrap();
+        assert!(!in_flow() && current().is_none());
+    }
+
+    /// A lease lost before the context existed, after it was made, or found
+    /// by the context itself: the call, its context and the calls nested in
+    /// it all see it.
+    #[test]
+    fn a_lost_lease_is_seen_wherever_it_was_marked() {
+        scope(flow("before"), async {
+            mark_lease_lost();
+            assert!(lease_lost());
+            assert!(
+                current().unwrap().lease_lost(),
+                "a context made after the mark"
+            );
+        })
+        .now_or_never()
+        .unwrap();
+        scope(flow("after"), async {
+            let context = current().unwrap();
+            assert!(!lease_lost() && !context.lease_lost());
+            mark_lease_lost();
+            assert!(context.lease_lost(), "a context made before the mark");
+        })
+        .now_or_never()
+        .unwrap();
+        scope(flow("context"), async {
+            current().unwrap().mark_lease_lost();
+            assert!(lease_lost(), "the context's own flag");
+        })
+        .now_or_never()
+        .unwrap();
+        scope(flow("parent"), async {
+            let nested = flow("child");
+            mark_lease_lost();
+            scope(nested, async {
+                assert!(lease_lost(), "a call nested in one that lost its lease");
+                assert!(current().unwrap().lease_lost());
+            })
+            .await;
+        })
+        .now_or_never()
+        .unwrap();
+        assert!(!lease_lost());
+    }
+
+    /// Outbox positions count per run of the call, on the call's key.
+    #[test]
+    fn outbox_positions_count_per_run() {
+        let key = Key::builder("flow-tests").part("outbox").finish();
+        scope(flow("outbox"), async {
+            assert_eq!(next_outbox_position(), Some((key, 0)));
+            assert_eq!(next_outbox_position(), Some((key, 1)));
+        })
+        .now_or_never()
+        .unwrap();
+        assert_eq!(next_outbox_position(), None);
+    }
 }

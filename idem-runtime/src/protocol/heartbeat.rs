@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::flow::FlowContext;
+use crate::flow;
 use crate::key::Key;
 use crate::store::{StoreRef, Token};
 
@@ -17,7 +17,6 @@ pub(super) fn heartbeat<'a, F: Future + 'a>(
     key: &'a Key,
     token: Token,
     lease: Duration,
-    ctx: &'a FlowContext,
     body: F,
 ) -> impl Future<Output = F::Output> + 'a {
     let period = (lease / 3).max(Duration::from_millis(10));
@@ -27,7 +26,8 @@ pub(super) fn heartbeat<'a, F: Future + 'a>(
             match store.renew(key, token, lease).await {
                 Ok(true) => {}
                 Ok(false) => {
-                    ctx.mark_lease_lost();
+                    // Polled inside the call's flow scope: the flag is this call's.
+                    flow::mark_lease_lost();
                     tracing::warn!(
                         "lease lost: another caller took over this key; no new step starts and its completion will win"
                     );

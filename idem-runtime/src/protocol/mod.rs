@@ -34,7 +34,7 @@ use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
 use crate::error::Error;
-use crate::flow::{self, FlowContext};
+use crate::flow::{self, Flow, FlowContext};
 use crate::key::{Fingerprint, Key};
 use crate::observe::{self, CallOutcome};
 use crate::store::tx::{AsTxConnection, TxConnection};
@@ -384,7 +384,7 @@ where
             }
             Verdict::Decided(Acquired::Owner { fence }) => fence,
         };
-        let ctx = FlowContext::new(
+        let flow = Flow::new(
             key,
             fingerprint,
             None,
@@ -394,7 +394,7 @@ where
             None,
         );
         let running = hint::Running::start(spec, key, answered);
-        let out = flow::scope(ctx, body(&mut *conn)).await;
+        let out = flow::scope(flow, body(&mut *conn)).await;
         running.finish();
         if let Some(written) = done {
             return finish_done(spec, conn.tx_connection(), &key, token, out, &written).await;
@@ -532,7 +532,7 @@ where
     E: FromIdemError,
     F: Future<Output = Result<T, E>>,
 {
-    let Some((flow, store)) = flow::current().and_then(|f| f.store.clone().map(|s| (f, s))) else {
+    let Some((flow, store)) = flow::current_with_store() else {
         // Outside a flow there is nothing to resume; inside a transaction the
         // whole call commits or rolls back as one, so steps need no records.
         tracing::trace!(step = name, "step outside a store-backed flow; running it");
@@ -639,7 +639,7 @@ where
             (Acquired::Replay(stored), _) => replay(spec, stored, policy),
             (Acquired::Owner { fence }, answered) => {
                 tracing::Span::current().record("fence", fence);
-                let ctx = FlowContext::new(
+                let flow = Flow::new(
                     key,
                     fingerprint,
                     Some(store.clone()),
@@ -648,9 +648,9 @@ where
                     Some(fence),
                     Some(token),
                 );
-                let beat = heartbeat(&store, &key, token, spec.lease, &ctx, body);
+                let beat = heartbeat(&store, &key, token, spec.lease, body);
                 let running = hint::Running::start(spec, key, answered);
-                let out = flow::scope(ctx.clone(), beat).await;
+                let out = flow::scope(flow, beat).await;
                 running.finish();
                 let mut store = store;
                 // A recovered call has no caller left to retry it: its claim

@@ -146,7 +146,7 @@ pub(super) fn fenced(spec: &Spec, final_err: bool) {
 
 /// A stored outcome was replayed instead of running the body.
 pub(super) fn replayed(spec: &Spec) {
-    if spec.kind == Kind::Step || flow::current().is_some() {
+    if spec.kind == Kind::Step || flow::in_flow() {
         return;
     }
     let _ = SEEN.try_with(|s| s.replayed.set(true));
