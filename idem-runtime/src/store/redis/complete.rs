@@ -32,7 +32,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use crate::error::StoreError;
-use crate::key::Key;
+use crate::key::{DigestHasher, Key};
 use crate::store::{Completion, Token};
 
 use super::record::{self, Record};
@@ -49,14 +49,17 @@ pub(super) struct Held {
 }
 
 /// The held records of the tokens whose first byte falls in one shard.
-type Shard = HashMap<(Key, Token), Vec<u8>>;
+/// Hashed by eight of the token's bytes (the last part the hasher sees):
+/// tokens are random, and SipHash over 48 bytes twice a call was work for
+/// nothing.
+type Shard = HashMap<(Key, Token), Vec<u8>, DigestHasher>;
 
 const SHARD_CAP: usize = 4096;
 
 impl Held {
     pub(super) fn new() -> Held {
         Held {
-            shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+            shards: std::array::from_fn(|_| Mutex::new(HashMap::with_hasher(DigestHasher::new()))),
         }
     }
 

@@ -163,17 +163,17 @@ impl RedisStore {
     pub fn redis_key(&self, key: &Key) -> String {
         // Only the part in braces decides the cluster slot: one record, one slot.
         // Built in one buffer: every operation names its record by this.
+        // (Not `vec![0; n]`: zeroed memory comes from `calloc`, slower
+        // than the bytes written over it.)
         let prefix = &self.inner.key_prefix;
-        let mut name = vec![0u8; prefix.len() + 66];
-        name[..prefix.len()].copy_from_slice(prefix.as_bytes());
-        name[prefix.len()] = b'{';
-        hex::encode_to_slice(
-            key.as_bytes(),
-            &mut name[prefix.len() + 1..prefix.len() + 65],
-        )
-        .expect("64 bytes hold 32 in hex");
-        name[prefix.len() + 65] = b'}';
-        String::from_utf8(name).expect("the prefix is a str and hex is ASCII")
+        let mut digest_hex = [0u8; 64];
+        hex::encode_to_slice(key.as_bytes(), &mut digest_hex).expect("64 bytes hold 32 in hex");
+        let mut name = String::with_capacity(prefix.len() + 66);
+        name.push_str(prefix);
+        name.push('{');
+        name.push_str(std::str::from_utf8(&digest_hex).expect("hex is ASCII"));
+        name.push('}');
+        name
     }
 
     /// Whether completions are one `SET … IFEQ` (Valkey ≥ 8.1, Redis ≥ 8.4,
