@@ -18,6 +18,7 @@
 //! #        IDEM_BENCH_ROUNDS (3) IDEM_BENCH_CONCURRENCY (1,16) IDEM_BENCH_SIDES (a,b,c,d)
 //! #        IDEM_BENCH_SERVER_THREADS (2) IDEM_BENCH_CLIENT_THREADS (2) IDEM_REDIS_URL
 //! #        IDEM_BENCH_ONLY=http|stages (both) IDEM_BENCH_STAGE_ITERS (50000)
+//! #        IDEM_BENCH_STAGE_ONLY=a|b|c (one stage loop alone, for callgrind)
 //! # one side alone, for a profiler (perf record -p <pid>):
 //! #        IDEM_BENCH_PROFILE=a|b|c|d IDEM_BENCH_PROFILE_C (16) IDEM_BENCH_PROFILE_SECS (20)
 //! ```
@@ -820,6 +821,34 @@ async fn stages() -> Result<(), BoxError> {
         black_box(res.into_body().collect().await.expect("a body").to_bytes());
         status
     };
+    // One loop alone, for a profiler (`valgrind --tool=callgrind`): a, b or c.
+    let only = std::env::var("IDEM_BENCH_STAGE_ONLY").ok();
+    if let Some(side) = only.as_deref() {
+        let (path, replay) = match side {
+            "a" => ("/bare", false),
+            "b" => ("/mem", false),
+            "c" => ("/mem", true),
+            other => return Err(format!("IDEM_BENCH_STAGE_ONLY={other}: a, b or c").into()),
+        };
+        let took = time(iters, |i| {
+            let router = router.clone();
+            async move {
+                let key = match (path, replay) {
+                    ("/bare", _) => None,
+                    (_, false) => Some(format!("st-{run}-{i}")),
+                    (_, true) => Some(format!("replay-{}", i % REPLAY_KEYS)),
+                };
+                let res = router
+                    .oneshot(http_request(path, key, request_body(i % REPLAY_KEYS)))
+                    .await
+                    .unwrap();
+                black_box(collect(res).await);
+            }
+        })
+        .await;
+        println!("({side}) alone: {:.0} ns/call", took.as_secs_f64() * 1e9);
+        return Ok(());
+    }
     let bare = time(iters, |i| {
         let router = router.clone();
         async move {

@@ -121,7 +121,7 @@ impl KeyRules {
     /// assert_eq!(KeyRules::default().from_headers(&headers), Err(KeyProblem::Conflicting));
     /// ```
     pub fn from_headers(&self, headers: &http::HeaderMap) -> Result<String, KeyProblem> {
-        let mut values = headers.get_all(super::IDEMPOTENCY_KEY).iter();
+        let mut values = headers.get_all(&super::IDEMPOTENCY_KEY_NAME).iter();
         let key = self.parse(values.next().ok_or(KeyProblem::Missing)?)?;
         for other in values {
             if self.parse(other)? != key {

@@ -576,8 +576,10 @@ where
     match out {
         Ok(Recorded::First { response, .. }) => Ok(left(response)),
         Ok(Recorded::Replay(mut res)) => {
-            res.headers_mut()
-                .insert(super::IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+            res.headers_mut().insert(
+                super::IDEMPOTENT_REPLAYED_NAME,
+                HeaderValue::from_static("true"),
+            );
             Ok(left(res))
         }
         Err(Failure::Pass(res)) => Ok(*res),

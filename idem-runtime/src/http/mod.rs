@@ -68,3 +68,9 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 /// The response header that marks a replayed response (Stripe's name).
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+
+// The two as `HeaderName`s: a map looked up or written by a `&str` parses
+// the name every time.
+const IDEMPOTENCY_KEY_NAME: http::HeaderName = http::HeaderName::from_static(IDEMPOTENCY_KEY);
+const IDEMPOTENT_REPLAYED_NAME: http::HeaderName =
+    http::HeaderName::from_static(IDEMPOTENT_REPLAYED);

@@ -61,8 +61,10 @@ where
             let (out, replayed) = track_replays(fut).await;
             let mut res = out?;
             if replayed {
-                res.headers_mut()
-                    .insert(super::IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+                res.headers_mut().insert(
+                    super::IDEMPOTENT_REPLAYED_NAME,
+                    HeaderValue::from_static("true"),
+                );
             }
             Ok(res)
         })
