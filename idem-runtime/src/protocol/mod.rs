@@ -333,7 +333,13 @@ where
     E: FromIdemError,
     F: AsyncFnOnce(&mut C) -> Result<T, E>,
 {
-    let span = tracing::debug_span!("idem", scope = spec.scope, key = %key.short(), tx = true);
+    // As `span::call_span`: no span, and none of `log`'s work for it, where
+    // no subscriber takes debug spans.
+    let span = if tracing::level_enabled!(tracing::Level::DEBUG) {
+        tracing::debug_span!("idem", scope = spec.scope, key = %key.short(), tx = true)
+    } else {
+        tracing::Span::none()
+    };
     async move {
         // Outside a transaction the claim would commit at once as PROCESSING
         // with nothing renewing its lease while the body runs (the body holds
@@ -638,7 +644,7 @@ where
         match acquire(spec, &store, &key, token, fingerprint, recovery).await? {
             (Acquired::Replay(stored), _) => replay(spec, stored, policy),
             (Acquired::Owner { fence }, answered) => {
-                tracing::Span::current().record("fence", fence);
+                span::record_fence(fence);
                 let flow = Flow::new(
                     key,
                     fingerprint,
