@@ -33,8 +33,9 @@ pub(crate) struct Flow {
     /// The context of the flow this call runs inside (a nested call, or a
     /// step's body), so a lost lease up the chain stops new steps here too.
     parent: Option<Arc<FlowContext>>,
-    /// The heartbeat found another owner before the context was made; the
-    /// context, once made, keeps the flag (see [`Flow::mark_lease_lost`]).
+    /// The heartbeat found another owner (see [`Flow::mark_lease_lost`]):
+    /// kept here whether or not the context exists yet, and copied into
+    /// the context when it is made later.
     lease_lost: Cell<bool>,
     /// Outbox messages written in this run so far: a message's position, from
     /// which its id derives (a retry writes them again in the same order).

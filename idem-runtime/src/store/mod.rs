@@ -45,13 +45,16 @@ pub const DEFAULT_MAX_RESULT_BYTES: usize = 1024 * 1024;
 pub struct Token([u8; 16]);
 
 thread_local! {
-    /// Where this thread's tokens come from: a small, fast generator seeded
-    /// once from the operating system's entropy (through `rand`'s
-    /// `ThreadRng`). A token must be unique, never secret (it fences owners
-    /// against each other and authenticates nothing), and 128 bits from a
-    /// generator with 256 bits of seed per thread do not collide; a
-    /// cryptographic generator per claim cost more than the memory store's
-    /// whole claim.
+    /// Where this thread's tokens come from: a small, fast generator
+    /// (xoshiro, 256 bits of state on 64-bit targets) seeded once from the
+    /// operating system's entropy through `rand`'s `ThreadRng`. A token must
+    /// be unique, never secret (it fences owners against each other and
+    /// authenticates nothing), and 128-bit draws from generators seeded
+    /// apart do not collide; a cryptographic generator per claim cost more
+    /// than the memory store's whole claim. Like `ThreadRng`, it is not
+    /// reseeded in a child process: a process that forks after making
+    /// tokens must not claim from the thread that made them in both (a
+    /// tokio runtime does not survive a fork anyway).
     static TOKENS: std::cell::RefCell<rand::rngs::SmallRng> =
         std::cell::RefCell::new(rand::SeedableRng::from_rng(&mut rand::rng()));
 }
@@ -78,8 +81,12 @@ impl Token {
                 bytes[8..].copy_from_slice(&b.to_le_bytes());
                 Token(bytes)
             })
-            // A claim made while the thread's locals are torn down.
-            .unwrap_or_else(|_| Token(rand::random()))
+            // A claim made while the thread's locals are torn down, when
+            // `ThreadRng`'s may be gone too: straight from the OS.
+            .unwrap_or_else(|_| {
+                let mut rng: rand::rngs::SmallRng = rand::SeedableRng::from_os_rng();
+                Token(rand::Rng::random(&mut rng))
+            })
     }
 
     /// A token read back from a store.
