@@ -806,6 +806,18 @@ where
     Duration::from_secs_f64(median(runs))
 }
 
+/// Runs the replay keys' first executions, so later requests with them replay.
+async fn store_replay_keys(router: &Router) -> Result<(), BoxError> {
+    for j in 0..REPLAY_KEYS {
+        let key = Some(format!("replay-{j}"));
+        router
+            .clone()
+            .oneshot(http_request("/mem", key, request_body(j)))
+            .await?;
+    }
+    Ok(())
+}
+
 async fn stages() -> Result<(), BoxError> {
     let iters: u64 = env("IDEM_BENCH_STAGE_ITERS", 50_000);
     let memory = StoreRef::new(MemoryStore::new());
@@ -831,13 +843,7 @@ async fn stages() -> Result<(), BoxError> {
             other => return Err(format!("IDEM_BENCH_STAGE_ONLY={other}: a, b or c").into()),
         };
         if replay {
-            for j in 0..REPLAY_KEYS {
-                let key = Some(format!("replay-{j}"));
-                router
-                    .clone()
-                    .oneshot(http_request("/mem", key, request_body(j)))
-                    .await?;
-            }
+            store_replay_keys(&router).await?;
         }
         let took = time(iters, |i| {
             let router = router.clone();
@@ -886,13 +892,7 @@ async fn stages() -> Result<(), BoxError> {
         }
     })
     .await;
-    for j in 0..REPLAY_KEYS {
-        let key = Some(format!("replay-{j}"));
-        router
-            .clone()
-            .oneshot(http_request("/mem", key, request_body(j)))
-            .await?;
-    }
+    store_replay_keys(&router).await?;
     let replay = time(iters, |i| {
         let router = router.clone();
         async move {
