@@ -203,6 +203,26 @@ impl Slow {
         Ok(vec![first, second])
     }
 
+    /// As `run`, but the lease is lost before any step ran: the call's shared
+    /// context (made on a step's first use) does not exist yet when the
+    /// heartbeat finds the lease gone.
+    #[idempotent(scope = "flow-tests.slow-first", key = "id", lease = "300ms", ttl = "1h", store = self.store)]
+    async fn run_before_any_step(&self, id: u64) -> Result<String, AppError> {
+        let key = idem_runtime::current_key().expect("inside the call");
+        let started = self.started.lock().unwrap().take().expect("runs once");
+        started.send((key, idem_runtime::current_fence())).unwrap();
+        self.resume.notified().await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !idem_runtime::lease_lost() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the heartbeat never reported the lost lease"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.step_one(id).await
+    }
+
     #[step("one")]
     async fn step_one(&self, id: u64) -> Result<String, AppError> {
         self.steps_run.lock().unwrap().push("one");
@@ -274,6 +294,53 @@ async fn an_owner_whose_lease_was_taken_over_starts_no_new_step_and_knows_its_fe
         *slow.steps_run.lock().unwrap(),
         ["one"],
         "step two never started after the lease was lost"
+    );
+}
+
+/// The lease is taken over before the body's first step: that step is
+/// refused too, though the flag was set before anything asked for the
+/// call's step context.
+#[tokio::test]
+async fn an_owner_whose_lease_was_taken_over_before_any_step_starts_none() {
+    let clock = ManualClock::new(1_700_000_000_000);
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let (tx, rx) = oneshot::channel();
+    let slow = std::sync::Arc::new(Slow {
+        store: store.clone(),
+        steps_run: Mutex::new(Vec::new()),
+        started: Mutex::new(Some(tx)),
+        resume: Notify::new(),
+    });
+    let call = tokio::spawn({
+        let slow = slow.clone();
+        async move { slow.run_before_any_step(6).await }
+    });
+    let (key, _) = rx.await.unwrap();
+    clock.advance(Duration::from_secs(5));
+    let newcomer = store
+        .claim(ClaimRequest {
+            key: &key,
+            token: Token::random(),
+            fingerprint: None,
+            lease: Duration::from_secs(60),
+            ttl: Duration::from_secs(3600),
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(newcomer, Claim::Acquired { takeover: true, .. }),
+        "expected a takeover, got {newcomer:?}"
+    );
+    slow.resume.notify_one();
+
+    let err = call.await.unwrap().unwrap_err();
+    assert!(
+        matches!(err, AppError::Idem(Error::LeaseLost { .. })),
+        "{err:?}"
+    );
+    assert!(
+        slow.steps_run.lock().unwrap().is_empty(),
+        "no step started after the lease was lost"
     );
 }
 

@@ -193,10 +193,8 @@ pub(crate) fn seal(key: &Key, scope: &str, args: &[u8]) -> [u8; 32] {
 
 /// Hashes a [`Key`] for a `HashMap` by taking eight of its bytes: keys are
 /// SHA-256 digests, already uniform, and SipHash over all 32 on every lookup
-/// is work for nothing. The last part of at least 16 bytes written wins, so
-/// a tuple whose last part is random bytes (the Redis store's held records,
-/// by key and token) hashes by those. Maps keyed by anything else must not
-/// use it.
+/// is work for nothing. Maps keyed by anything that is not uniform bytes (a
+/// digest, a random token) must not use it.
 #[derive(Clone, Copy, Default)]
 pub(crate) struct DigestHasher(u64);
 

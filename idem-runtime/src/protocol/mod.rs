@@ -333,13 +333,7 @@ where
     E: FromIdemError,
     F: AsyncFnOnce(&mut C) -> Result<T, E>,
 {
-    // As `span::call_span`: no span, and none of `log`'s work for it, where
-    // no subscriber takes debug spans.
-    let span = if tracing::level_enabled!(tracing::Level::DEBUG) {
-        tracing::debug_span!("idem", scope = spec.scope, key = %key.short(), tx = true)
-    } else {
-        tracing::Span::none()
-    };
+    let span = span::tx_span(spec.scope, &key);
     async move {
         // Outside a transaction the claim would commit at once as PROCESSING
         // with nothing renewing its lease while the body runs (the body holds

@@ -60,6 +60,16 @@ pub(super) fn call_span(scope: &'static str, key: &Key) -> tracing::Span {
     }
 }
 
+/// The `idem` span of a call inside the caller's transaction, made as
+/// [`call_span`] is.
+pub(super) fn tx_span(scope: &'static str, key: &Key) -> tracing::Span {
+    if tracing::level_enabled!(tracing::Level::DEBUG) {
+        tracing::debug_span!("idem", scope, key = %key.short(), tx = true)
+    } else {
+        tracing::Span::none()
+    }
+}
+
 /// Records the fence of a call on its span, if it has one.
 pub(super) fn record_fence(fence: u64) {
     if tracing::level_enabled!(tracing::Level::DEBUG) {

@@ -49,10 +49,20 @@ pub(super) struct Held {
 }
 
 /// The held records of the tokens whose first byte falls in one shard.
-/// Hashed by eight of the token's bytes (the last part the hasher sees):
-/// tokens are random, and SipHash over 48 bytes twice a call was work for
-/// nothing.
-type Shard = HashMap<(Key, Token), Vec<u8>, DigestHasher>;
+type Shard = HashMap<Holder, Vec<u8>, DigestHasher>;
+
+/// Who holds a record: its key and the claim's token.
+#[derive(PartialEq, Eq)]
+struct Holder(Key, Token);
+
+impl std::hash::Hash for Holder {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        // The token alone: random, so uniform for `DigestHasher`, and
+        // unique to one claim; SipHash over key and token twice a call was
+        // work for nothing.
+        h.write(self.1.as_bytes());
+    }
+}
 
 const SHARD_CAP: usize = 4096;
 
@@ -74,16 +84,16 @@ impl Held {
         if shard.len() >= SHARD_CAP {
             shard.clear();
         }
-        shard.insert((*key, token), value);
+        shard.insert(Holder(*key, token), value);
     }
 
     pub(super) fn take(&self, key: &Key, token: Token) -> Option<Vec<u8>> {
-        self.shard(token).remove(&(*key, token))
+        self.shard(token).remove(&Holder(*key, token))
     }
 
     /// A renewal rewrote the record's margin.
     pub(super) fn renewed(&self, key: &Key, token: Token, margin: u64) {
-        if let Some(v) = self.shard(token).get_mut(&(*key, token)) {
+        if let Some(v) = self.shard(token).get_mut(&Holder(*key, token)) {
             record::set_margin(v, margin);
         }
     }
