@@ -190,14 +190,7 @@ impl Slow {
         started.send((key, idem_runtime::current_fence())).unwrap();
         self.resume.notified().await;
         // The body can see that its heartbeat found the lease gone.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while !idem_runtime::lease_lost() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the heartbeat never reported the lost lease"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        lease_lost_seen().await;
         // A stale owner must not start its next step.
         let second = self.step_two(id).await?;
         Ok(vec![first, second])
@@ -212,14 +205,7 @@ impl Slow {
         let started = self.started.lock().unwrap().take().expect("runs once");
         started.send((key, idem_runtime::current_fence())).unwrap();
         self.resume.notified().await;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while !idem_runtime::lease_lost() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the heartbeat never reported the lost lease"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        lease_lost_seen().await;
         self.step_one(id).await
     }
 
@@ -236,8 +222,14 @@ impl Slow {
     }
 }
 
-#[tokio::test]
-async fn an_owner_whose_lease_was_taken_over_starts_no_new_step_and_knows_its_fence() {
+/// A `Slow` on a store whose clock the test moves, and where it reports
+/// that its body started.
+fn slow_on_a_manual_clock() -> (
+    ManualClock,
+    MemoryStore,
+    std::sync::Arc<Slow>,
+    oneshot::Receiver<Started>,
+) {
     let clock = ManualClock::new(1_700_000_000_000);
     let store = MemoryStore::builder().clock(clock.clone()).build();
     let (tx, rx) = oneshot::channel();
@@ -247,6 +239,46 @@ async fn an_owner_whose_lease_was_taken_over_starts_no_new_step_and_knows_its_fe
         started: Mutex::new(Some(tx)),
         resume: Notify::new(),
     });
+    (clock, store, slow, rx)
+}
+
+/// Waits until the body sees that its heartbeat found the lease gone.
+async fn lease_lost_seen() {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !idem_runtime::lease_lost() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the heartbeat never reported the lost lease"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Another caller claims `key` once its owner's lease ran out; its fence.
+async fn take_over(store: &MemoryStore, key: &Key) -> u64 {
+    let newcomer = store
+        .claim(ClaimRequest {
+            key,
+            token: Token::random(),
+            fingerprint: None,
+            lease: Duration::from_secs(60),
+            ttl: Duration::from_secs(3600),
+        })
+        .await
+        .unwrap();
+    let Claim::Acquired {
+        fence,
+        takeover: true,
+    } = newcomer
+    else {
+        panic!("expected a takeover, got {newcomer:?}");
+    };
+    fence
+}
+
+#[tokio::test]
+async fn an_owner_whose_lease_was_taken_over_starts_no_new_step_and_knows_its_fence() {
+    let (clock, store, slow, rx) = slow_on_a_manual_clock();
     assert!(idem_runtime::current_fence().is_none());
     assert!(!idem_runtime::lease_lost());
 
@@ -260,23 +292,7 @@ async fn an_owner_whose_lease_was_taken_over_starts_no_new_step_and_knows_its_fe
     // The owner stalls (a GC pause, a stuck socket) past its lease on the
     // store's clock, and another caller takes the key over.
     clock.advance(Duration::from_secs(5));
-    let newcomer = store
-        .claim(ClaimRequest {
-            key: &key,
-            token: Token::random(),
-            fingerprint: None,
-            lease: Duration::from_secs(60),
-            ttl: Duration::from_secs(3600),
-        })
-        .await
-        .unwrap();
-    let Claim::Acquired {
-        fence: newer,
-        takeover: true,
-    } = newcomer
-    else {
-        panic!("expected a takeover, got {newcomer:?}");
-    };
+    let newer = take_over(&store, &key).await;
     assert!(
         newer > fence,
         "the newcomer's fence {newer} is above {fence}"
@@ -302,35 +318,14 @@ async fn an_owner_whose_lease_was_taken_over_starts_no_new_step_and_knows_its_fe
 /// call's step context.
 #[tokio::test]
 async fn an_owner_whose_lease_was_taken_over_before_any_step_starts_none() {
-    let clock = ManualClock::new(1_700_000_000_000);
-    let store = MemoryStore::builder().clock(clock.clone()).build();
-    let (tx, rx) = oneshot::channel();
-    let slow = std::sync::Arc::new(Slow {
-        store: store.clone(),
-        steps_run: Mutex::new(Vec::new()),
-        started: Mutex::new(Some(tx)),
-        resume: Notify::new(),
-    });
+    let (clock, store, slow, rx) = slow_on_a_manual_clock();
     let call = tokio::spawn({
         let slow = slow.clone();
         async move { slow.run_before_any_step(6).await }
     });
     let (key, _) = rx.await.unwrap();
     clock.advance(Duration::from_secs(5));
-    let newcomer = store
-        .claim(ClaimRequest {
-            key: &key,
-            token: Token::random(),
-            fingerprint: None,
-            lease: Duration::from_secs(60),
-            ttl: Duration::from_secs(3600),
-        })
-        .await
-        .unwrap();
-    assert!(
-        matches!(newcomer, Claim::Acquired { takeover: true, .. }),
-        "expected a takeover, got {newcomer:?}"
-    );
+    take_over(&store, &key).await;
     slow.resume.notify_one();
 
     let err = call.await.unwrap().unwrap_err();
