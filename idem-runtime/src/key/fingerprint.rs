@@ -24,9 +24,7 @@ impl Fingerprint {
     }
 
     fn start(secret: Option<KeySecret>) -> FingerprintBuilder {
-        let mut enc = KeyEncoder {
-            buf: Vec::with_capacity(64),
-        };
+        let mut enc = KeyEncoder::new();
         enc.buf.push(ENCODING_VERSION);
         FingerprintBuilder { enc, secret }
     }

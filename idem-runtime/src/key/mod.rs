@@ -89,11 +89,7 @@ impl Key {
     }
 
     fn start(scope: &str, secret: Option<KeySecret>) -> KeyBuilder {
-        // Room for the scope and a few fields up front: growing the buffer
-        // field by field was several reallocations per key.
-        let mut enc = KeyEncoder {
-            buf: Vec::with_capacity(64 + scope.len()),
-        };
+        let mut enc = KeyEncoder::new();
         enc.buf.push(ENCODING_VERSION);
         enc.write_tagged_bytes(tag::SCOPE, scope.as_bytes());
         KeyBuilder { enc, secret }
@@ -181,7 +177,7 @@ impl Key {
 /// (or corrupted there) are refused rather than run.
 pub(crate) fn seal(key: &Key, scope: &str, args: &[u8]) -> [u8; 32] {
     let mut enc = KeyEncoder {
-        buf: Vec::with_capacity(args.len() + scope.len() + 64),
+        buf: part::Encoding::with_capacity(args.len() + scope.len() + 64),
     };
     enc.buf.push(ENCODING_VERSION);
     enc.write_str("idem:recovery-args");

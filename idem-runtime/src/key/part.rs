@@ -63,8 +63,12 @@ pub trait KeyPart {
 /// injective.
 #[derive(Debug, Clone, Default)]
 pub struct KeyEncoder {
-    pub(super) buf: Vec<u8>,
+    pub(super) buf: Encoding,
 }
+
+/// A key's encoding: the scope and a few fields fit inline (a scope of 40
+/// bytes and three integer fields take 100); longer ones spill to the heap.
+pub(super) type Encoding = smallvec::SmallVec<[u8; 128]>;
 
 impl KeyEncoder {
     /// An empty encoder. Most code uses [`Key::builder`](super::Key::builder) instead.

@@ -176,6 +176,19 @@ fn plain_keys_are_the_sha256_of_the_encoding() {
     assert_eq!(b.finish().as_bytes(), &expected);
 }
 
+/// The encoding is built on the stack up to a size and on the heap past
+/// it: a key that crosses over hashes every byte, in order.
+#[test]
+fn an_encoding_longer_than_the_inline_room_is_whole() {
+    let long = "x".repeat(300);
+    let b = Key::builder("orders").part(&1u8).part(long.as_str());
+    let enc = b.encoding();
+    assert_eq!(enc.len(), 1 + (1 + 8 + 6) + (1 + 16) + (1 + 8 + 300));
+    assert!(enc.ends_with(long.as_bytes()));
+    let expected: [u8; 32] = Sha256::digest(enc).into();
+    assert_eq!(b.finish().as_bytes(), &expected);
+}
+
 #[test]
 fn keyed_keys_are_the_hmac_sha256_of_the_encoding() {
     let raw = [0x5a; 32];

@@ -1,6 +1,7 @@
 //! The in-process store: a sharded map with expiry. One process only.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -42,7 +43,9 @@ struct Record {
     expires_at: i64,
     fingerprint: Option<Fingerprint>,
     /// What a recoverable claim stored beside it (only while PROCESSING).
-    recovery: Option<Recovery>,
+    /// Boxed: most records have none, and every record of a shard moves
+    /// when its table grows, so the common record is kept small.
+    recovery: Option<Box<Recovery>>,
 }
 
 #[derive(Debug, Clone)]
@@ -152,7 +155,13 @@ impl MemoryStore {
     ) -> Result<Claim, StoreError> {
         let now = self.now();
         let mut shard = self.shard(req.key);
-        let old = shard.get(req.key);
+        // One lookup for the read and the write: on a first call the record
+        // is absent and the probe that finds so is where it goes.
+        let entry = shard.entry(*req.key);
+        let old = match &entry {
+            Entry::Occupied(o) => Some(o.get()),
+            Entry::Vacant(_) => None,
+        };
         let (fence, takeover) = match old {
             None => (1, false),
             Some(rec) if !is_live(rec, now) => (rec.fence + 1, false),
@@ -181,27 +190,32 @@ impl MemoryStore {
         // its recovery count, backoff and parking go on with it.
         let kept = old
             .filter(|rec| is_live(rec, now) && matches!(rec.state, State::Processing { .. }))
-            .and_then(|rec| rec.recovery.as_ref());
-        let recovery = recovery.map(|r| Recovery {
-            scope: r.scope.into(),
-            args: r.args.into(),
-            attempts: kept.map_or(0, |k| k.attempts),
-            next_at: kept.map_or(0, |k| k.next_at),
-            parked: kept.and_then(|k| k.parked.clone()),
+            .and_then(|rec| rec.recovery.as_deref());
+        let recovery = recovery.map(|r| {
+            Box::new(Recovery {
+                scope: r.scope.into(),
+                args: r.args.into(),
+                attempts: kept.map_or(0, |k| k.attempts),
+                next_at: kept.map_or(0, |k| k.next_at),
+                parked: kept.and_then(|k| k.parked.clone()),
+            })
         });
-        shard.insert(
-            *req.key,
-            Record {
-                state: State::Processing {
-                    token: req.token,
-                    lease_until: now.saturating_add(duration_millis(req.lease)),
-                },
-                fence,
-                expires_at: now.saturating_add(duration_millis(req.ttl)),
-                fingerprint: req.fingerprint,
-                recovery,
+        let record = Record {
+            state: State::Processing {
+                token: req.token,
+                lease_until: now.saturating_add(duration_millis(req.lease)),
             },
-        );
+            fence,
+            expires_at: now.saturating_add(duration_millis(req.ttl)),
+            fingerprint: req.fingerprint,
+            recovery,
+        };
+        match entry {
+            Entry::Occupied(mut o) => *o.get_mut() = record,
+            Entry::Vacant(v) => {
+                v.insert(record);
+            }
+        }
         Ok(Claim::Acquired { fence, takeover })
     }
 
