@@ -8,8 +8,6 @@
 //! need real concurrency (heartbeat, wait) stay well under two seconds.
 
 use std::fmt::Debug;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -495,89 +493,44 @@ async fn a_result_over_the_cap_reaches_its_caller_and_duplicates_get_result_too_
 /// A store whose every operation fails.
 struct BrokenStore;
 
-type StoreFuture<'f, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'f>>;
-
-fn broken<'f, T: Send + 'f>() -> StoreFuture<'f, T> {
-    Box::pin(async {
-        Err(StoreError::new(
-            "broken",
-            "test:0",
-            std::io::Error::other("connection refused"),
-        ))
-    })
+fn broken<T>() -> Result<T, StoreError> {
+    Err(StoreError::new(
+        "broken",
+        "test:0",
+        std::io::Error::other("connection refused"),
+    ))
 }
 
-// `Store` is an `#[async_trait]` trait; these are the signatures it expands to.
 impl Store for BrokenStore {
     fn backend(&self) -> &'static str {
         "broken"
     }
 
-    fn claim<'s, 'k, 'f>(&'s self, _: ClaimRequest<'k>) -> StoreFuture<'f, Claim>
-    where
-        's: 'f,
-        'k: 'f,
-        Self: 'f,
-    {
+    async fn claim(&self, _: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         broken()
     }
 
-    fn complete<'s, 'k, 'c, 'f>(
-        &'s self,
-        _: &'k Key,
-        _: Token,
-        _: Completion<'c>,
-    ) -> StoreFuture<'f, bool>
-    where
-        's: 'f,
-        'k: 'f,
-        'c: 'f,
-        Self: 'f,
-    {
+    async fn complete(&self, _: &Key, _: Token, _: Completion<'_>) -> Result<bool, StoreError> {
         broken()
     }
 
-    fn release<'s, 'k, 'f>(&'s self, _: &'k Key, _: Token) -> StoreFuture<'f, bool>
-    where
-        's: 'f,
-        'k: 'f,
-        Self: 'f,
-    {
+    async fn release(&self, _: &Key, _: Token) -> Result<bool, StoreError> {
         broken()
     }
 
-    fn renew<'s, 'k, 'f>(&'s self, _: &'k Key, _: Token, _: Duration) -> StoreFuture<'f, bool>
-    where
-        's: 'f,
-        'k: 'f,
-        Self: 'f,
-    {
+    async fn renew(&self, _: &Key, _: Token, _: Duration) -> Result<bool, StoreError> {
         broken()
     }
 
-    fn inspect<'s, 'k, 'f>(&'s self, _: &'k Key) -> StoreFuture<'f, Option<RecordInfo>>
-    where
-        's: 'f,
-        'k: 'f,
-        Self: 'f,
-    {
+    async fn inspect(&self, _: &Key) -> Result<Option<RecordInfo>, StoreError> {
         broken()
     }
 
-    fn evict<'s, 'k, 'f>(&'s self, _: &'k Key) -> StoreFuture<'f, bool>
-    where
-        's: 'f,
-        'k: 'f,
-        Self: 'f,
-    {
+    async fn evict(&self, _: &Key) -> Result<bool, StoreError> {
         broken()
     }
 
-    fn purge_expired<'s, 'f>(&'s self, _: usize) -> StoreFuture<'f, u64>
-    where
-        's: 'f,
-        Self: 'f,
-    {
+    async fn purge_expired(&self, _: usize) -> Result<u64, StoreError> {
         broken()
     }
 }

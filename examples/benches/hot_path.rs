@@ -20,6 +20,7 @@
 //! thread, and on a shared, loaded machine CPU time does not count the time
 //! the thread waited for a core.
 
+use idem_runtime::store::Store as _;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

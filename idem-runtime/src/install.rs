@@ -18,7 +18,7 @@ static DEFAULT: RwLock<Option<StoreRef>> = RwLock::new(None);
 /// idem_runtime::install(MemoryStore::new());
 /// ```
 pub fn install(store: impl AsStore) {
-    let store = store.as_store();
+    let store = store.store_ref();
     *DEFAULT.write().unwrap_or_else(|p| p.into_inner()) = Some(store);
 }
 

@@ -8,6 +8,7 @@
 //! instantly; a store that reads a server's clock is waited on in real time,
 //! with durations scaled by [`Subject::unit`].
 
+use idem_runtime::store::Store as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;

@@ -28,7 +28,7 @@ fn request(key: &Key, token: Token, d: Duration) -> ClaimRequest<'_> {
 
 /// The error is the store's, names it, and carries the database error
 /// (`sqlx::Error`) as its source: the same shape on every dialect.
-pub fn assert_store_error(store: &dyn Store, e: &StoreError, what: &str) {
+pub fn assert_store_error(store: &impl Store, e: &StoreError, what: &str) {
     assert_eq!(e.backend(), store.backend(), "{what}: {e}");
     assert!(
         e.to_string().starts_with(&format!(
@@ -48,7 +48,7 @@ pub fn assert_store_error(store: &dyn Store, e: &StoreError, what: &str) {
 /// A record the store cannot read as any state it knows (`set_state` writes
 /// `state = 7` on the key's row) fails closed: claims and inspection are
 /// errors, never a takeover, a replay, or "DONE".
-pub async fn unknown_state_fails_closed<F, Fut>(store: &dyn Store, set_state: F)
+pub async fn unknown_state_fails_closed<F, Fut>(store: &impl Store, set_state: F)
 where
     F: FnOnce(Key) -> Fut,
     Fut: Future<Output = ()>,
@@ -78,7 +78,7 @@ where
 
 /// A DONE record without an outcome (`clear_outcome` sets `outcome = NULL` on
 /// the key's row) is corrupt: replaying it and inspecting it are errors.
-pub async fn done_without_outcome_fails_closed<F, Fut>(store: &dyn Store, clear_outcome: F)
+pub async fn done_without_outcome_fails_closed<F, Fut>(store: &impl Store, clear_outcome: F)
 where
     F: FnOnce(Key) -> Fut,
     Fut: Future<Output = ()>,
@@ -112,7 +112,7 @@ where
 /// `Duration::MAX` as lease and ttl is written as [`MAX_MILLIS`] from now on
 /// every SQL store: never wrapped, refused, or stored as a different
 /// "forever" per dialect.
-pub async fn absurd_durations_are_clamped_alike(store: &dyn Store) {
+pub async fn absurd_durations_are_clamped_alike(store: &impl Store) {
     let key = fresh_key("clamp");
     let token = Token::random();
     let before = SystemClock.now_millis();
@@ -291,7 +291,7 @@ async fn soon<T>(what: &str, f: impl Future<Output = T>) -> T {
 }
 
 /// A key completed on the pool, ready to replay.
-async fn done_key(store: &dyn Store, name: &str, payload: &[u8]) -> Key {
+async fn done_key(store: &impl Store, name: &str, payload: &[u8]) -> Key {
     let (key, token) = (fresh_key(name), Token::random());
     let long = Duration::from_secs(60);
     assert!(matches!(
@@ -311,7 +311,7 @@ async fn done_key(store: &dyn Store, name: &str, payload: &[u8]) -> Key {
 /// the other, neither is a deadlock victim, and both carry on (each still
 /// claims a fresh key afterwards: no aborted transaction, no 25P02).
 pub async fn replays_in_opposite_orders_inside_transactions_neither_wait_nor_deadlock<DB>(
-    store: &dyn Store,
+    store: &impl Store,
     pool: &sqlx::Pool<DB>,
 ) where
     DB: sqlx::Database,
@@ -369,7 +369,7 @@ pub async fn replays_in_opposite_orders_inside_transactions_neither_wait_nor_dea
 /// A duplicate told Busy inside an open transaction leaves the row unlocked:
 /// the owner renews and completes at once.
 pub async fn a_busy_duplicate_in_an_open_transaction_does_not_block_the_owner<DB>(
-    store: &dyn Store,
+    store: &impl Store,
     pool: &sqlx::Pool<DB>,
 ) where
     DB: sqlx::Database,

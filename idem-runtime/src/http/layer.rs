@@ -19,6 +19,7 @@ use tower_service::Service;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
 use crate::protocol::{self, Kind, Spec, StoredForm};
+use crate::store::Store as _;
 use crate::store::{AsStore, StoreRef};
 
 use super::key::{KeyProblem, KeyRules};
@@ -167,7 +168,7 @@ impl IdempotencyLayer {
 
     /// The store for the records (default: the one installed).
     pub fn store(self, store: impl AsStore) -> Self {
-        let store = store.as_store();
+        let store = store.store_ref();
         self.with(|c| c.store = Some(store))
     }
 

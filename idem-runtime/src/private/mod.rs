@@ -58,5 +58,5 @@ pub fn fingerprint_part<P: KeyPart + ?Sized>(builder: &mut FingerprintBuilder, p
 
 #[inline]
 pub fn store_of<S: AsStore + ?Sized>(store: &S) -> StoreRef {
-    store.as_store()
+    store.store_ref()
 }

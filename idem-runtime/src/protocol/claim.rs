@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::error::{CodecError, Error};
 use crate::key::{Fingerprint, Key};
 use crate::observe::{self, CallOutcome};
+use crate::store::Store as _;
 use crate::store::{
     Claim, ClaimRequest, RecoveryArgs, StoreRef, StoredOutcome, StoredResult, Token,
 };

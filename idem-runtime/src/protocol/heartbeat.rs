@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::flow;
 use crate::key::Key;
+use crate::store::Store as _;
 use crate::store::{StoreRef, Token};
 
 /// Polls the body and, beside it, renews the lease every third of it, so a long

@@ -37,6 +37,7 @@ use crate::error::Error;
 use crate::flow::{self, Flow, FlowContext};
 use crate::key::{Fingerprint, Key};
 use crate::observe::{self, CallOutcome};
+use crate::store::Store as _;
 use crate::store::tx::{AsTxConnection, TxConnection};
 use crate::store::{ClaimRequest, Completion, RecoveryArgs, StoreRef, StoredOutcome, Token};
 use args::CallArgs;

@@ -46,7 +46,7 @@ pub(super) trait Recorder {
 
 impl Recorder for StoreRef {
     fn max_result_bytes(&self) -> usize {
-        (**self).max_result_bytes()
+        crate::store::Store::max_result_bytes(self)
     }
 
     fn must_record(&self) -> bool {
@@ -59,11 +59,11 @@ impl Recorder for StoreRef {
         token: Token,
         completion: Completion<'_>,
     ) -> Result<bool, crate::StoreError> {
-        (**self).complete(key, token, completion).await
+        crate::store::Store::complete(self, key, token, completion).await
     }
 
     async fn release(&mut self, key: &Key, token: Token) -> Result<bool, crate::StoreError> {
-        (**self).release(key, token).await
+        crate::store::Store::release(self, key, token).await
     }
 }
 

@@ -17,6 +17,7 @@ use crate::observe::CallOutcome;
 use crate::protocol::args;
 use crate::protocol::recovering::{self as context, Expectation, Met};
 use crate::protocol::report::{self, Noted};
+use crate::store::Store as _;
 use crate::store::{Abandoned, AsStore, RecoveryTurn, StoreRef, Turn};
 
 /// Counts since the worker was built, and what its last pass found.
@@ -205,7 +206,7 @@ impl Worker {
     /// running the functions in `recovery`.
     pub fn builder(store: impl AsStore, recovery: Recovery) -> WorkerBuilder {
         WorkerBuilder {
-            store: store.as_store(),
+            store: store.store_ref(),
             recovery,
             s: Settings {
                 concurrency: 4,

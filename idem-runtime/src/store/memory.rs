@@ -5,12 +5,10 @@ use std::collections::hash_map::Entry;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use async_trait::async_trait;
-
 use super::{
     Abandoned, AsStore, Claim, ClaimRequest, Completion, DEFAULT_MAX_RESULT_BYTES, RecordInfo,
-    RecordState, RecoveryArgs, RecoveryInfo, RecoveryTurn, Store, StoreRef, StoredOutcome,
-    StoredResult, Token, Turn,
+    RecordState, RecoveryArgs, RecoveryInfo, RecoveryTurn, Store, StoredOutcome, StoredResult,
+    Token, Turn,
 };
 use crate::clock::{Clock, SystemClock, duration_millis};
 use crate::error::StoreError;
@@ -232,7 +230,6 @@ fn is_live(rec: &Record, now: i64) -> bool {
     rec.expires_at > now && !matches!(rec.state, State::Released)
 }
 
-#[async_trait]
 impl Store for MemoryStore {
     fn backend(&self) -> &'static str {
         "memory"
@@ -494,7 +491,9 @@ fn owned_by(rec: &Record, token: Token) -> bool {
 }
 
 impl AsStore for MemoryStore {
-    fn as_store(&self) -> StoreRef {
-        StoreRef::new(self.clone())
+    type Store = MemoryStore;
+
+    fn as_store(&self) -> MemoryStore {
+        self.clone()
     }
 }

@@ -5,18 +5,23 @@
 //! the conformance suite in `tests/src/conformance.rs`.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::StoreError;
 use crate::key::{Fingerprint, Key};
+use erased::DynStore;
 
 pub mod memory;
 
-/// The attribute [`Store`] implementations are written with, re-exported so a
-/// backend outside this crate needs no dependency of its own for it:
-/// `#[idem_runtime::store::async_trait] impl Store for MyStore { … }`.
+/// The attribute [`tx::TxConnection`] implementations are written with,
+/// re-exported so a connection type outside this crate needs no dependency
+/// of its own for it: `#[idem_runtime::store::async_trait] impl
+/// TxConnection for MyConn { … }`. ([`Store`] needs none: its methods are
+/// plain `async fn`s.)
 pub use async_trait::async_trait;
+mod erased;
 mod recovery;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
@@ -273,7 +278,13 @@ pub struct RecordStats {
 /// # Ok::<(), idem_runtime::StoreError>(())
 /// # }).unwrap();
 /// ```
-#[async_trait]
+///
+/// The methods are `async fn`s whose futures are `Send`: an implementation
+/// writes `async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim,
+/// StoreError>` and so on, with no attribute. A call on a store of a known
+/// type (`store = …` naming a `MemoryStore`, a `RedisStore`, an `Arc` of
+/// one) polls these futures in place; a [`StoreRef`] (the installed
+/// default, or any store behind one) boxes each.
 pub trait Store: Send + Sync + 'static {
     /// The backend's name, for errors, metrics and logs.
     fn backend(&self) -> &'static str;
@@ -283,34 +294,59 @@ pub trait Store: Send + Sync + 'static {
         DEFAULT_MAX_RESULT_BYTES
     }
 
+    /// This store as a [`StoreRef`], for the steps of a call running on it
+    /// (a step's store is not known by type). The default wraps a clone;
+    /// a store whose state is behind an `Arc` shares that instead.
+    fn share(&self) -> StoreRef
+    where
+        Self: Clone,
+    {
+        StoreRef::new(self.clone())
+    }
+
     /// Atomically: if the record is absent, expired, released, or PROCESSING
     /// past its lease (or PROCESSING under this same token, a retried claim),
     /// make it PROCESSING for `req.token`; otherwise report what holds it.
-    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError>;
+    fn claim(
+        &self,
+        req: ClaimRequest<'_>,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
     /// Marks the record DONE with the result, only if `token` still owns it.
     /// Returns whether it did. A completion re-sent under the token that
     /// already completed the record (after a dropped connection) returns
     /// `true` and changes nothing.
-    async fn complete(
+    fn complete(
         &self,
         key: &Key,
         token: Token,
         completion: Completion<'_>,
-    ) -> Result<bool, StoreError>;
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Gives up the claim so a retry can run at once, only if `token` still
     /// owns it. Keeps the fence, so it never goes backwards. Returns whether it
     /// did.
-    async fn release(&self, key: &Key, token: Token) -> Result<bool, StoreError>;
+    fn release(
+        &self,
+        key: &Key,
+        token: Token,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Extends the lease of a PROCESSING record to `lease` from now, only if
     /// `token` still owns it, and keeps the record from expiring before the
     /// new lease ends (a body may run past its ttl). Returns whether it did.
-    async fn renew(&self, key: &Key, token: Token, lease: Duration) -> Result<bool, StoreError>;
+    fn renew(
+        &self,
+        key: &Key,
+        token: Token,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Reads a live record (not expired, not released).
-    async fn inspect(&self, key: &Key) -> Result<Option<RecordInfo>, StoreError>;
+    fn inspect(
+        &self,
+        key: &Key,
+    ) -> impl Future<Output = Result<Option<RecordInfo>, StoreError>> + Send;
 
     /// Ends a live record whatever its state, so the next call runs the body:
     /// an operator's override. Returns whether there was a live record.
@@ -321,20 +357,22 @@ pub trait Store: Send + Sync + 'static {
     /// release, the next claim takes it over with a higher fence, and no
     /// purge deletes it before then. Deleting the record would start the
     /// next claim at fence 1 again, beside an owner that may still hold 1.
-    async fn evict(&self, key: &Key) -> Result<bool, StoreError>;
+    fn evict(&self, key: &Key) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Deletes up to `limit` expired or released records. Returns how many.
-    async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError>;
+    fn purge_expired(&self, limit: usize) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Counts the records by state. An operator's query, not for a request
     /// path: SQL stores scan the table, Redis walks its key prefix with
     /// `SCAN`. Stores that cannot count say so with an error (the default).
-    async fn stats(&self) -> Result<RecordStats, StoreError> {
-        Err(StoreError::new(
-            self.backend(),
-            "stats",
-            "this store does not count its records",
-        ))
+    fn stats(&self) -> impl Future<Output = Result<RecordStats, StoreError>> + Send {
+        async move {
+            Err(StoreError::new(
+                self.backend(),
+                "stats",
+                "this store does not count its records",
+            ))
+        }
     }
 
     // Recovery (`#[idempotent(…, recover)]`, `crate::recovery`). A store that
@@ -350,29 +388,37 @@ pub trait Store: Send + Sync + 'static {
     /// so do completion and release.
     ///
     /// The default claims without storing anything.
-    async fn claim_recoverable(
+    fn claim_recoverable(
         &self,
         req: ClaimRequest<'_>,
         recovery: RecoveryArgs<'_>,
-    ) -> Result<Claim, StoreError> {
-        let _ = recovery;
-        self.claim(req).await
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
+        async move {
+            let _ = recovery;
+            self.claim(req).await
+        }
     }
 
     /// The scopes of the PROCESSING records that have arguments stored,
     /// abandoned or not: a worker looks there for claims no function it has
     /// can resume. A store may name more (Redis names every scope it ever
     /// indexed), never fewer.
-    async fn recovery_scopes(&self) -> Result<Vec<String>, StoreError> {
-        Err(recovery::unsupported(self.backend(), "recovery_scopes"))
+    fn recovery_scopes(&self) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send {
+        async move { Err(recovery::unsupported(self.backend(), "recovery_scopes")) }
     }
 
     /// Up to `limit` records of `scope` that are PROCESSING past their lease
     /// with arguments stored, not parked and past their backoff, oldest lease
     /// first.
-    async fn abandoned(&self, scope: &str, limit: usize) -> Result<Vec<Abandoned>, StoreError> {
-        let _ = (scope, limit);
-        Err(recovery::unsupported(self.backend(), "abandoned"))
+    fn abandoned(
+        &self,
+        scope: &str,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<Abandoned>, StoreError>> + Send {
+        async move {
+            let _ = (scope, limit);
+            Err(recovery::unsupported(self.backend(), "abandoned"))
+        }
     }
 
     /// Atomically: if the record is still abandoned at `turn.fence`
@@ -381,39 +427,54 @@ pub trait Store: Send + Sync + 'static {
     /// attempt and set the next one `turn.retry_in` from now; past
     /// `turn.max_attempts` (or with `park_now`) park it with `turn.note`
     /// instead. Two workers taking a turn at the same record: one gets it.
-    async fn take_recovery(&self, key: &Key, turn: RecoveryTurn<'_>) -> Result<Turn, StoreError> {
-        let _ = (key, turn);
-        Err(recovery::unsupported(self.backend(), "take_recovery"))
+    fn take_recovery(
+        &self,
+        key: &Key,
+        turn: RecoveryTurn<'_>,
+    ) -> impl Future<Output = Result<Turn, StoreError>> + Send {
+        async move {
+            let _ = (key, turn);
+            Err(recovery::unsupported(self.backend(), "take_recovery"))
+        }
     }
 
     /// The recovery state of a live PROCESSING record with arguments stored.
     /// The default knows none.
-    async fn recovery_info(&self, key: &Key) -> Result<Option<RecoveryInfo>, StoreError> {
-        let _ = key;
-        Ok(None)
+    fn recovery_info(
+        &self,
+        key: &Key,
+    ) -> impl Future<Output = Result<Option<RecoveryInfo>, StoreError>> + Send {
+        async move {
+            let _ = key;
+            Ok(None)
+        }
     }
 
     /// An operator's retry (`idem recover`): clears a parking, the count and
     /// the backoff of a PROCESSING record with arguments stored, so a worker
     /// takes it up once its lease has run out. Returns whether there was one.
-    async fn retry_recovery(&self, key: &Key) -> Result<bool, StoreError> {
-        let _ = key;
-        Err(recovery::unsupported(self.backend(), "retry_recovery"))
+    fn retry_recovery(&self, key: &Key) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        async move {
+            let _ = key;
+            Err(recovery::unsupported(self.backend(), "retry_recovery"))
+        }
     }
 }
 
-/// A shared handle to some store: what the protocol and the process-wide
-/// default hold.
+/// A shared handle to some store, whatever its type: what the
+/// process-wide default is, and what code that does not know its store's
+/// type holds. It is a [`Store`] itself; each call through it boxes the
+/// store's future.
 ///
 /// ```
-/// use idem_runtime::store::StoreRef;
+/// use idem_runtime::store::{Store, StoreRef};
 /// use idem_runtime::store::memory::MemoryStore;
 ///
 /// let store = StoreRef::new(MemoryStore::new());
 /// assert_eq!(store.backend(), "memory");
 /// ```
 #[derive(Clone)]
-pub struct StoreRef(Arc<dyn Store>);
+pub struct StoreRef(Arc<dyn DynStore>);
 
 impl StoreRef {
     /// Wraps a store.
@@ -421,17 +482,19 @@ impl StoreRef {
         StoreRef(Arc::new(store))
     }
 
-    /// Wraps a shared store.
-    pub fn from_arc(store: Arc<dyn Store>) -> Self {
+    /// Wraps a shared store, without another allocation.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use idem_runtime::store::StoreRef;
+    /// use idem_runtime::store::memory::MemoryStore;
+    ///
+    /// let shared = Arc::new(MemoryStore::new());
+    /// let store = StoreRef::from_arc(shared.clone());
+    /// # let _ = store;
+    /// ```
+    pub fn from_arc<S: Store>(store: Arc<S>) -> Self {
         StoreRef(store)
-    }
-}
-
-impl std::ops::Deref for StoreRef {
-    type Target = dyn Store;
-
-    fn deref(&self) -> &dyn Store {
-        &*self.0
     }
 }
 
@@ -441,38 +504,243 @@ impl fmt::Debug for StoreRef {
     }
 }
 
-/// Anything the `store = …` option may name: a store, an `Arc` of one, or a
-/// [`StoreRef`].
+impl Store for StoreRef {
+    fn backend(&self) -> &'static str {
+        self.0.backend()
+    }
+
+    fn max_result_bytes(&self) -> usize {
+        self.0.max_result_bytes()
+    }
+
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        self.0.claim(req).await
+    }
+
+    async fn complete(
+        &self,
+        key: &Key,
+        token: Token,
+        completion: Completion<'_>,
+    ) -> Result<bool, StoreError> {
+        self.0.complete(key, token, completion).await
+    }
+
+    async fn release(&self, key: &Key, token: Token) -> Result<bool, StoreError> {
+        self.0.release(key, token).await
+    }
+
+    async fn renew(&self, key: &Key, token: Token, lease: Duration) -> Result<bool, StoreError> {
+        self.0.renew(key, token, lease).await
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<RecordInfo>, StoreError> {
+        self.0.inspect(key).await
+    }
+
+    async fn evict(&self, key: &Key) -> Result<bool, StoreError> {
+        self.0.evict(key).await
+    }
+
+    async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError> {
+        self.0.purge_expired(limit).await
+    }
+
+    async fn stats(&self) -> Result<RecordStats, StoreError> {
+        self.0.stats().await
+    }
+
+    async fn claim_recoverable(
+        &self,
+        req: ClaimRequest<'_>,
+        recovery: RecoveryArgs<'_>,
+    ) -> Result<Claim, StoreError> {
+        self.0.claim_recoverable(req, recovery).await
+    }
+
+    async fn recovery_scopes(&self) -> Result<Vec<String>, StoreError> {
+        self.0.recovery_scopes().await
+    }
+
+    async fn abandoned(&self, scope: &str, limit: usize) -> Result<Vec<Abandoned>, StoreError> {
+        self.0.abandoned(scope, limit).await
+    }
+
+    async fn take_recovery(&self, key: &Key, turn: RecoveryTurn<'_>) -> Result<Turn, StoreError> {
+        self.0.take_recovery(key, turn).await
+    }
+
+    async fn recovery_info(&self, key: &Key) -> Result<Option<RecoveryInfo>, StoreError> {
+        self.0.recovery_info(key).await
+    }
+
+    async fn retry_recovery(&self, key: &Key) -> Result<bool, StoreError> {
+        self.0.retry_recovery(key).await
+    }
+
+    fn share(&self) -> StoreRef {
+        self.clone()
+    }
+}
+
+/// A shared store is a store: `Arc<RedisStore>` goes wherever a store does,
+/// and its calls are not boxed.
+impl<S: Store> Store for Arc<S> {
+    fn backend(&self) -> &'static str {
+        S::backend(self)
+    }
+
+    fn max_result_bytes(&self) -> usize {
+        S::max_result_bytes(self)
+    }
+
+    fn claim(
+        &self,
+        req: ClaimRequest<'_>,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
+        S::claim(self, req)
+    }
+
+    fn complete(
+        &self,
+        key: &Key,
+        token: Token,
+        completion: Completion<'_>,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        S::complete(self, key, token, completion)
+    }
+
+    fn release(
+        &self,
+        key: &Key,
+        token: Token,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        S::release(self, key, token)
+    }
+
+    fn renew(
+        &self,
+        key: &Key,
+        token: Token,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        S::renew(self, key, token, lease)
+    }
+
+    fn inspect(
+        &self,
+        key: &Key,
+    ) -> impl Future<Output = Result<Option<RecordInfo>, StoreError>> + Send {
+        S::inspect(self, key)
+    }
+
+    fn evict(&self, key: &Key) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        S::evict(self, key)
+    }
+
+    fn purge_expired(&self, limit: usize) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        S::purge_expired(self, limit)
+    }
+
+    fn stats(&self) -> impl Future<Output = Result<RecordStats, StoreError>> + Send {
+        S::stats(self)
+    }
+
+    fn claim_recoverable(
+        &self,
+        req: ClaimRequest<'_>,
+        recovery: RecoveryArgs<'_>,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
+        S::claim_recoverable(self, req, recovery)
+    }
+
+    fn recovery_scopes(&self) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send {
+        S::recovery_scopes(self)
+    }
+
+    fn abandoned(
+        &self,
+        scope: &str,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<Abandoned>, StoreError>> + Send {
+        S::abandoned(self, scope, limit)
+    }
+
+    fn take_recovery(
+        &self,
+        key: &Key,
+        turn: RecoveryTurn<'_>,
+    ) -> impl Future<Output = Result<Turn, StoreError>> + Send {
+        S::take_recovery(self, key, turn)
+    }
+
+    fn recovery_info(
+        &self,
+        key: &Key,
+    ) -> impl Future<Output = Result<Option<RecoveryInfo>, StoreError>> + Send {
+        S::recovery_info(self, key)
+    }
+
+    fn retry_recovery(&self, key: &Key) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        S::retry_recovery(self, key)
+    }
+
+    fn share(&self) -> StoreRef {
+        StoreRef(self.clone())
+    }
+}
+
+/// Anything the `store = …` option may name: a store, an `Arc` of one, a
+/// reference to one, or a [`StoreRef`].
+///
+/// ```
+/// use idem_runtime::store::AsStore;
+/// use idem_runtime::store::memory::MemoryStore;
+///
+/// let store = MemoryStore::new();
+/// let handle: MemoryStore = (&store).as_store(); // a clone, no box
+/// # let _ = handle;
+/// ```
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not an idempotency store",
     label = "`store = …` must name a store",
-    note = "pass a value implementing `idem_runtime::store::Store` (and `Clone`), an `Arc` of one, or an `idem_runtime::store::StoreRef`"
+    note = "pass one of this crate's stores, an `Arc` of any store, or an `idem_runtime::store::StoreRef`"
 )]
 pub trait AsStore {
-    /// A shared handle to the store.
-    fn as_store(&self) -> StoreRef;
+    /// What a call holds while it runs: the store itself, cloned (a
+    /// handle: stores share their state behind an `Arc`).
+    type Store: Store + Clone;
+
+    /// The handle for one call.
+    fn as_store(&self) -> Self::Store;
+
+    /// The store as a [`StoreRef`], for what keeps a store of any type
+    /// (the installed default, an HTTP layer, a recovery worker).
+    fn store_ref(&self) -> StoreRef {
+        self.as_store().share()
+    }
 }
 
 impl AsStore for StoreRef {
+    type Store = StoreRef;
+
     fn as_store(&self) -> StoreRef {
         self.clone()
     }
 }
 
 impl<S: Store> AsStore for Arc<S> {
-    fn as_store(&self) -> StoreRef {
-        StoreRef(self.clone())
-    }
-}
+    type Store = Arc<S>;
 
-impl AsStore for Arc<dyn Store> {
-    fn as_store(&self) -> StoreRef {
-        StoreRef(self.clone())
+    fn as_store(&self) -> Arc<S> {
+        self.clone()
     }
 }
 
 impl<T: AsStore + ?Sized> AsStore for &T {
-    fn as_store(&self) -> StoreRef {
+    type Store = T::Store;
+
+    fn as_store(&self) -> T::Store {
         (**self).as_store()
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
+use crate::store::Store as _;
 use crate::store::StoreRef;
 
 /// Spawns a task that deletes expired and released records every `every`,
@@ -104,7 +105,6 @@ mod tests {
         batches: Mutex<Vec<u64>>,
     }
 
-    #[async_trait::async_trait]
     impl Store for Watched {
         fn backend(&self) -> &'static str {
             "watched"

@@ -60,7 +60,6 @@ use std::fmt;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use redis::{Script, Value};
 
 use crate::clock::duration_millis;
@@ -68,7 +67,7 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::store::{
     Abandoned, AsStore, Claim, ClaimRequest, Completion, RecordInfo, RecordStats, RecoveryArgs,
-    RecoveryInfo, RecoveryTurn, Store, StoreRef, Token, Turn,
+    RecoveryInfo, RecoveryTurn, Store, Token, Turn,
 };
 use connection::Connection;
 use record::Unreadable;
@@ -246,7 +245,6 @@ fn millis(d: Duration) -> u64 {
     duration_millis(d).clamp(1, MAX_EXACT) as u64
 }
 
-#[async_trait]
 impl Store for RedisStore {
     fn backend(&self) -> &'static str {
         self.inner.backend
@@ -376,7 +374,9 @@ impl Store for RedisStore {
 }
 
 impl AsStore for RedisStore {
-    fn as_store(&self) -> StoreRef {
-        StoreRef::new(self.clone())
+    type Store = RedisStore;
+
+    fn as_store(&self) -> RedisStore {
+        self.clone()
     }
 }

@@ -484,7 +484,6 @@ pub(crate) use server::{connect_pool, server_location};
 /// `core: Core<D>` field.
 macro_rules! sql_store {
     ($store:ty) => {
-        #[async_trait::async_trait]
         impl $crate::store::Store for $store {
             fn backend(&self) -> &'static str {
                 self.core.backend()
@@ -587,8 +586,10 @@ macro_rules! sql_store {
         }
 
         impl $crate::store::AsStore for $store {
-            fn as_store(&self) -> $crate::store::StoreRef {
-                $crate::store::StoreRef::new(self.clone())
+            type Store = $store;
+
+            fn as_store(&self) -> $store {
+                self.clone()
             }
         }
     };
