@@ -261,7 +261,9 @@ pub(crate) fn idempotent(plan: &Plan<'_>, func: &ItemFn, krate: &Path) -> TokenS
             let store = quote_spanned!(expr.span()=> #krate::__private::Some(#krate::__private::store_of(&(#expr))));
             quote!(let __idem_store = #store;)
         }
-        (None, None) => quote!(let __idem_store = #krate::__private::None;),
+        (None, None) => {
+            quote!(let __idem_store = #krate::__private::None::<#krate::__private::StoreRef>;)
+        }
     };
     let checks = type_checks(
         krate,

@@ -148,8 +148,10 @@ use errors::Errors;
 ///         .part(&req.client_order_no)
 ///         .finish();
 ///     let fingerprint = Some(Fingerprint::builder().part(&req.amount).finish());
-///     // `None` without `store = …`: the installed store.
-///     let store = Some(STORE.as_store());
+///     // `None` without `store = …`: the installed store. (The expansion
+///     // keeps the store's own type, `STORE.as_store()`, and polls its futures
+///     // in place; `protocol::execute` takes any store as a `StoreRef`.)
+///     let store = Some(STORE.store_ref());
 ///     // The body, moved into an `async move` block: `?` and `return` keep their meaning.
 ///     // With `final_err = f`: `protocol::execute_keeping_final(…, f, body)`; with
 ///     // `tx = tx`: `protocol::execute_in_tx(&SPEC, &mut *tx, key, fingerprint, known, async move |tx| …)`,

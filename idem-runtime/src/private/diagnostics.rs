@@ -36,7 +36,7 @@ use serde::Serialize;
 use crate::key::{Fingerprint, Key};
 use crate::protocol::args::CallArgs;
 use crate::protocol::{self, FromIdemError, Spec, StorableError, StoredForm, ViaSerde};
-use crate::store::StoreRef;
+use crate::store::Store;
 use crate::store::tx::AsTxConnection;
 
 /// Carries the annotated function's return type.
@@ -106,29 +106,31 @@ impl<R> SerializeMissing for &ErrProbe<R> {}
 
 /// The protocol, for result types it can cache (in the stored form `M`).
 pub trait WhenTypesHold<T, E, M> {
-    fn execute<'a, F>(
+    fn execute<'a, S, F>(
         &self,
         spec: &'a Spec,
-        store: Option<StoreRef>,
+        store: Option<S>,
         key: Key,
         fingerprint: Option<Fingerprint>,
         body: F,
     ) -> impl Future<Output = Result<T, E>> + 'a
     where
+        S: Store + Clone,
         F: Future<Output = Result<T, E>> + 'a,
         T: 'a,
         E: 'a;
 
-    fn execute_recoverable<'a, F>(
+    fn execute_recoverable<'a, S, F>(
         &self,
         spec: &'a Spec,
-        store: Option<StoreRef>,
+        store: Option<S>,
         key: Key,
         fingerprint: Option<Fingerprint>,
         args: CallArgs,
         body: F,
     ) -> impl Future<Output = Result<T, E>> + 'a
     where
+        S: Store + Clone,
         F: Future<Output = Result<T, E>> + 'a,
         T: 'a,
         E: 'a;
@@ -162,37 +164,39 @@ pub trait WhenTypesHold<T, E, M> {
 impl<T: StoredForm<M>, E: FromIdemError, M: 'static> WhenTypesHold<T, E, M>
     for Dispatch<Result<T, E>>
 {
-    fn execute<'a, F>(
+    fn execute<'a, S, F>(
         &self,
         spec: &'a Spec,
-        store: Option<StoreRef>,
+        store: Option<S>,
         key: Key,
         fingerprint: Option<Fingerprint>,
         body: F,
     ) -> impl Future<Output = Result<T, E>> + 'a
     where
+        S: Store + Clone,
         F: Future<Output = Result<T, E>> + 'a,
         T: 'a,
         E: 'a,
     {
-        protocol::execute::<T, M, E, F>(spec, store, key, fingerprint, body)
+        protocol::execute_on::<S, T, M, E, F>(spec, store, key, fingerprint, body)
     }
 
-    fn execute_recoverable<'a, F>(
+    fn execute_recoverable<'a, S, F>(
         &self,
         spec: &'a Spec,
-        store: Option<StoreRef>,
+        store: Option<S>,
         key: Key,
         fingerprint: Option<Fingerprint>,
         args: CallArgs,
         body: F,
     ) -> impl Future<Output = Result<T, E>> + 'a
     where
+        S: Store + Clone,
         F: Future<Output = Result<T, E>> + 'a,
         T: 'a,
         E: 'a,
     {
-        protocol::execute_recoverable::<T, M, E, F>(spec, store, key, fingerprint, args, body)
+        protocol::execute_recoverable::<S, T, M, E, F>(spec, store, key, fingerprint, args, body)
     }
 
     fn run_step<'a, F>(
@@ -232,25 +236,26 @@ impl<T: StoredForm<M>, E: FromIdemError, M: 'static> WhenTypesHold<T, E, M>
 /// failing at the attribute.
 pub trait WhenTypesHoldKeepingFinal<T, E, M> {
     #[allow(clippy::too_many_arguments)]
-    fn execute_keeping_final<'a, F>(
+    fn execute_keeping_final<'a, S, F>(
         &self,
         spec: &'a Spec,
-        store: Option<StoreRef>,
+        store: Option<S>,
         key: Key,
         fingerprint: Option<Fingerprint>,
         is_final: fn(&E) -> bool,
         body: F,
     ) -> impl Future<Output = Result<T, E>> + 'a
     where
+        S: Store + Clone,
         F: Future<Output = Result<T, E>> + 'a,
         T: 'a,
         E: 'a;
 
     #[allow(clippy::too_many_arguments)]
-    fn execute_keeping_final_recoverable<'a, F>(
+    fn execute_keeping_final_recoverable<'a, S, F>(
         &self,
         spec: &'a Spec,
-        store: Option<StoreRef>,
+        store: Option<S>,
         key: Key,
         fingerprint: Option<Fingerprint>,
         is_final: fn(&E) -> bool,
@@ -258,6 +263,7 @@ pub trait WhenTypesHoldKeepingFinal<T, E, M> {
         body: F,
     ) -> impl Future<Output = Result<T, E>> + 'a
     where
+        S: Store + Clone,
         F: Future<Output = Result<T, E>> + 'a,
         T: 'a,
         E: 'a;
@@ -266,27 +272,35 @@ pub trait WhenTypesHoldKeepingFinal<T, E, M> {
 impl<T: StoredForm<M>, E: FromIdemError + StorableError, M: 'static>
     WhenTypesHoldKeepingFinal<T, E, M> for Dispatch<Result<T, E>>
 {
-    fn execute_keeping_final<'a, F>(
+    fn execute_keeping_final<'a, S, F>(
         &self,
         spec: &'a Spec,
-        store: Option<StoreRef>,
+        store: Option<S>,
         key: Key,
         fingerprint: Option<Fingerprint>,
         is_final: fn(&E) -> bool,
         body: F,
     ) -> impl Future<Output = Result<T, E>> + 'a
     where
+        S: Store + Clone,
         F: Future<Output = Result<T, E>> + 'a,
         T: 'a,
         E: 'a,
     {
-        protocol::execute_keeping_final::<T, M, E, F>(spec, store, key, fingerprint, is_final, body)
+        protocol::execute_keeping_final_on::<S, T, M, E, F>(
+            spec,
+            store,
+            key,
+            fingerprint,
+            is_final,
+            body,
+        )
     }
 
-    fn execute_keeping_final_recoverable<'a, F>(
+    fn execute_keeping_final_recoverable<'a, S, F>(
         &self,
         spec: &'a Spec,
-        store: Option<StoreRef>,
+        store: Option<S>,
         key: Key,
         fingerprint: Option<Fingerprint>,
         is_final: fn(&E) -> bool,
@@ -294,11 +308,12 @@ impl<T: StoredForm<M>, E: FromIdemError + StorableError, M: 'static>
         body: F,
     ) -> impl Future<Output = Result<T, E>> + 'a
     where
+        S: Store + Clone,
         F: Future<Output = Result<T, E>> + 'a,
         T: 'a,
         E: 'a,
     {
-        protocol::execute_keeping_final_recoverable::<T, M, E, F>(
+        protocol::execute_keeping_final_recoverable::<S, T, M, E, F>(
             spec,
             store,
             key,
@@ -324,10 +339,10 @@ impl<T: ?Sized> NeverInstantiated<T> {
 /// Generic over any return type, so even a `Result` alias that is no `Result`
 /// gets no second error here.
 pub trait AfterTypeError {
-    fn execute<'a, F>(
+    fn execute<'a, S, F>(
         &self,
         _: &'a Spec,
-        _: Option<StoreRef>,
+        _: Option<S>,
         _: Key,
         _: Option<Fingerprint>,
         _: F,
@@ -341,10 +356,10 @@ pub trait AfterTypeError {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn execute_keeping_final<'a, F, E>(
+    fn execute_keeping_final<'a, S, F, E>(
         &self,
         _: &'a Spec,
-        _: Option<StoreRef>,
+        _: Option<S>,
         _: Key,
         _: Option<Fingerprint>,
         _: fn(&E) -> bool,
@@ -358,10 +373,10 @@ pub trait AfterTypeError {
         async { unreachable!("AfterTypeError is never instantiated") }
     }
 
-    fn execute_recoverable<'a, F>(
+    fn execute_recoverable<'a, S, F>(
         &self,
         _: &'a Spec,
-        _: Option<StoreRef>,
+        _: Option<S>,
         _: Key,
         _: Option<Fingerprint>,
         _: CallArgs,
@@ -376,10 +391,10 @@ pub trait AfterTypeError {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn execute_keeping_final_recoverable<'a, F, E>(
+    fn execute_keeping_final_recoverable<'a, S, F, E>(
         &self,
         _: &'a Spec,
-        _: Option<StoreRef>,
+        _: Option<S>,
         _: Key,
         _: Option<Fingerprint>,
         _: fn(&E) -> bool,

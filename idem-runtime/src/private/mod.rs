@@ -57,6 +57,6 @@ pub fn fingerprint_part<P: KeyPart + ?Sized>(builder: &mut FingerprintBuilder, p
 }
 
 #[inline]
-pub fn store_of<S: AsStore + ?Sized>(store: &S) -> StoreRef {
-    store.store_ref()
+pub fn store_of<S: AsStore + ?Sized>(store: &S) -> S::Store {
+    store.as_store()
 }

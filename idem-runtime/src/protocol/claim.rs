@@ -6,10 +6,7 @@ use std::time::Duration;
 use crate::error::{CodecError, Error};
 use crate::key::{Fingerprint, Key};
 use crate::observe::{self, CallOutcome};
-use crate::store::Store as _;
-use crate::store::{
-    Claim, ClaimRequest, RecoveryArgs, StoreRef, StoredOutcome, StoredResult, Token,
-};
+use crate::store::{Claim, ClaimRequest, RecoveryArgs, Store, StoredOutcome, StoredResult, Token};
 
 use super::record::Unstored;
 use super::{ErrorPolicy, FromIdemError, Spec, StoredForm, hint, report};
@@ -74,9 +71,9 @@ pub(super) fn claim_failed(spec: &Spec, e: &crate::StoreError) {
 /// Claims the key (waiting up to the spec's `wait` while it is busy), and
 /// says when the store answered. With `recovery`, the call's arguments are
 /// stored with the claim.
-pub(super) async fn acquire(
+pub(super) async fn acquire<S: Store>(
     spec: &Spec,
-    store: &StoreRef,
+    store: &S,
     key: &Key,
     token: Token,
     fingerprint: Option<Fingerprint>,

@@ -7,14 +7,13 @@ use std::time::Duration;
 
 use crate::flow;
 use crate::key::Key;
-use crate::store::Store as _;
-use crate::store::{StoreRef, Token};
+use crate::store::{Store, Token};
 
 /// Polls the body and, beside it, renews the lease every third of it, so a long
 /// body is never taken over while it is alive. The renewal starts (and arms
 /// its timer) only once the body has waited.
-pub(super) fn heartbeat<'a, F: Future + 'a>(
-    store: &'a StoreRef,
+pub(super) fn heartbeat<'a, S: Store, F: Future + 'a>(
+    store: &'a S,
     key: &'a Key,
     token: Token,
     lease: Duration,

@@ -37,16 +37,15 @@ use crate::error::Error;
 use crate::flow::{self, Flow, FlowContext};
 use crate::key::{Fingerprint, Key};
 use crate::observe::{self, CallOutcome};
-use crate::store::Store as _;
 use crate::store::tx::{AsTxConnection, TxConnection};
-use crate::store::{ClaimRequest, Completion, RecoveryArgs, StoreRef, StoredOutcome, Token};
+use crate::store::{ClaimRequest, Completion, RecoveryArgs, Store, StoreRef, StoredOutcome, Token};
 use args::CallArgs;
 
 pub use crate::spec::{Kind, Spec};
 
 use claim::{Acquired, Verdict, acquire, claim_failed, in_progress, judge, replay};
 use heartbeat::heartbeat;
-use record::finish;
+use record::{OnStore, finish};
 
 pub use report::track_replays;
 
@@ -186,26 +185,46 @@ where
     E: FromIdemError,
     F: Future<Output = Result<T, E>>,
 {
-    run::<T, M, E, F, ReleaseAll>(spec, store, key, fingerprint, body, ReleaseAll, None)
+    execute_on::<StoreRef, T, M, E, F>(spec, store, key, fingerprint, body)
+}
+
+/// [`execute`] on a store of a known type (what the attribute calls with
+/// `store = …`): the store's futures are polled in place, not boxed.
+/// `None` means the installed default, which only a [`StoreRef`] can be.
+pub(crate) fn execute_on<S, T, M, E, F>(
+    spec: &Spec,
+    store: Option<S>,
+    key: Key,
+    fingerprint: Option<Fingerprint>,
+    body: F,
+) -> impl Future<Output = Result<T, E>>
+where
+    S: Store + Clone,
+    T: StoredForm<M>,
+    E: FromIdemError,
+    F: Future<Output = Result<T, E>>,
+{
+    run::<S, T, M, E, F, ReleaseAll>(spec, store, key, fingerprint, body, ReleaseAll, None)
 }
 
 /// [`execute`] for a call with `recover`: its arguments are stored with the
 /// claim, so a [`Worker`](crate::recovery::Worker) can finish the call if its
 /// caller never comes back (see [`crate::recovery`]).
-pub(crate) fn execute_recoverable<T, M, E, F>(
+pub(crate) fn execute_recoverable<S, T, M, E, F>(
     spec: &Spec,
-    store: Option<StoreRef>,
+    store: Option<S>,
     key: Key,
     fingerprint: Option<Fingerprint>,
     args: CallArgs,
     body: F,
 ) -> impl Future<Output = Result<T, E>>
 where
+    S: Store + Clone,
     T: StoredForm<M>,
     E: FromIdemError,
     F: Future<Output = Result<T, E>>,
 {
-    run::<T, M, E, F, ReleaseAll>(spec, store, key, fingerprint, body, ReleaseAll, Some(args))
+    run::<S, T, M, E, F, ReleaseAll>(spec, store, key, fingerprint, body, ReleaseAll, Some(args))
 }
 
 /// Like [`execute`], but an `Err` for which `is_final` returns `true` is stored
@@ -248,9 +267,27 @@ where
     E: FromIdemError + Serialize + DeserializeOwned,
     F: Future<Output = Result<T, E>>,
 {
+    execute_keeping_final_on::<StoreRef, T, M, E, F>(spec, store, key, fingerprint, is_final, body)
+}
+
+/// [`execute_keeping_final`] on a store of a known type (see [`execute_on`]).
+pub(crate) fn execute_keeping_final_on<S, T, M, E, F>(
+    spec: &Spec,
+    store: Option<S>,
+    key: Key,
+    fingerprint: Option<Fingerprint>,
+    is_final: fn(&E) -> bool,
+    body: F,
+) -> impl Future<Output = Result<T, E>>
+where
+    S: Store + Clone,
+    T: StoredForm<M>,
+    E: FromIdemError + Serialize + DeserializeOwned,
+    F: Future<Output = Result<T, E>>,
+{
     // A call that can give up compensates its finished steps first (see `compensate`).
     let body = compensate::settle(body, is_final);
-    run::<T, M, E, _, KeepFinal<E>>(
+    run::<S, T, M, E, _, KeepFinal<E>>(
         spec,
         store,
         key,
@@ -263,9 +300,9 @@ where
 
 /// [`execute_keeping_final`] for a call with `recover` (see
 /// [`execute_recoverable`]).
-pub(crate) fn execute_keeping_final_recoverable<T, M, E, F>(
+pub(crate) fn execute_keeping_final_recoverable<S, T, M, E, F>(
     spec: &Spec,
-    store: Option<StoreRef>,
+    store: Option<S>,
     key: Key,
     fingerprint: Option<Fingerprint>,
     is_final: fn(&E) -> bool,
@@ -273,12 +310,13 @@ pub(crate) fn execute_keeping_final_recoverable<T, M, E, F>(
     body: F,
 ) -> impl Future<Output = Result<T, E>>
 where
+    S: Store + Clone,
     T: StoredForm<M>,
     E: FromIdemError + Serialize + DeserializeOwned,
     F: Future<Output = Result<T, E>>,
 {
     let body = compensate::settle(body, is_final);
-    run::<T, M, E, _, KeepFinal<E>>(
+    run::<S, T, M, E, _, KeepFinal<E>>(
         spec,
         store,
         key,
@@ -571,7 +609,7 @@ where
         }
         body.await
     };
-    let out = run::<T, M, E, _, ReleaseAll>(
+    let out = run::<StoreRef, T, M, E, _, ReleaseAll>(
         &spec,
         Some(store.clone()),
         key,
@@ -598,9 +636,9 @@ where
 /// One plain function around one `async` block, which alone holds the body's
 /// future (see `execute`); the span is made when the call is first polled,
 /// under whatever span is current then, as an `async fn`'s would be.
-fn run<T, M, E, F, P>(
+fn run<S, T, M, E, F, P>(
     spec: &Spec,
-    store: Option<StoreRef>,
+    store: Option<S>,
     key: Key,
     fingerprint: Option<Fingerprint>,
     body: F,
@@ -608,6 +646,7 @@ fn run<T, M, E, F, P>(
     args: Option<CallArgs>,
 ) -> impl Future<Output = Result<T, E>>
 where
+    S: Store + Clone,
     T: StoredForm<M>,
     E: FromIdemError,
     F: Future<Output = Result<T, E>>,
@@ -615,7 +654,7 @@ where
 {
     let call = async move {
         let policy = &policy;
-        let Some(store) = store.or_else(crate::install::default_store) else {
+        let Some(store) = store.or_else(default_store) else {
             return Err(Error::NoStore.into());
         };
         // The first call a recovery runs must claim the abandoned record's key.
@@ -643,7 +682,7 @@ where
                 let flow = Flow::new(
                     key,
                     fingerprint,
-                    Some(store.clone()),
+                    Some(store.share()),
                     spec.ttl,
                     spec.lease,
                     Some(fence),
@@ -653,13 +692,22 @@ where
                 let running = hint::Running::start(spec, key, answered);
                 let out = flow::scope(flow, beat).await;
                 running.finish();
-                let mut store = store;
                 // A recovered call has no caller left to retry it: its claim
                 // stays until the lease runs out, and comes back to the worker.
                 let keep_claim = recovering == Some(true);
-                finish(spec, &mut store, &key, token, out, policy, keep_claim).await
+                let on = &mut OnStore(&store);
+                finish(spec, on, &key, token, out, policy, keep_claim).await
             }
         }
     };
     span::InSpan::new(spec.scope, key, call)
+}
+
+/// The installed default store, for a call given none. Only a [`StoreRef`]
+/// can be the default: a call whose store has another type always has one.
+fn default_store<S: 'static>() -> Option<S> {
+    let mut default = crate::install::default_store();
+    (&mut default as &mut dyn std::any::Any)
+        .downcast_mut::<Option<S>>()?
+        .take()
 }

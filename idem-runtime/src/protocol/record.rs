@@ -8,7 +8,7 @@ use crate::error::{CodecError, Error};
 use crate::key::Key;
 use crate::observe::CallOutcome;
 use crate::store::tx::TxConnection;
-use crate::store::{Completion, StoreRef, StoredOutcome, Token};
+use crate::store::{Completion, Store, StoredOutcome, Token};
 
 use super::{ErrorPolicy, FromIdemError, Spec, StoredForm, report};
 
@@ -44,9 +44,12 @@ pub(super) trait Recorder {
     async fn release(&mut self, key: &Key, token: Token) -> Result<bool, crate::StoreError>;
 }
 
-impl Recorder for StoreRef {
+/// A store, as what a finished call's outcome is written to.
+pub(super) struct OnStore<'a, S>(pub(super) &'a S);
+
+impl<S: Store> Recorder for OnStore<'_, S> {
     fn max_result_bytes(&self) -> usize {
-        crate::store::Store::max_result_bytes(self)
+        self.0.max_result_bytes()
     }
 
     fn must_record(&self) -> bool {
@@ -59,11 +62,11 @@ impl Recorder for StoreRef {
         token: Token,
         completion: Completion<'_>,
     ) -> Result<bool, crate::StoreError> {
-        crate::store::Store::complete(self, key, token, completion).await
+        self.0.complete(key, token, completion).await
     }
 
     async fn release(&mut self, key: &Key, token: Token) -> Result<bool, crate::StoreError> {
-        crate::store::Store::release(self, key, token).await
+        self.0.release(key, token).await
     }
 }
 

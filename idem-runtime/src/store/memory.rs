@@ -6,9 +6,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::{
-    Abandoned, AsStore, Claim, ClaimRequest, Completion, DEFAULT_MAX_RESULT_BYTES, RecordInfo,
-    RecordState, RecoveryArgs, RecoveryInfo, RecoveryTurn, Store, StoredOutcome, StoredResult,
-    Token, Turn,
+    Abandoned, Claim, ClaimRequest, Completion, DEFAULT_MAX_RESULT_BYTES, RecordInfo, RecordState,
+    RecoveryArgs, RecoveryInfo, RecoveryTurn, Store, StoredOutcome, StoredResult, Token, Turn,
 };
 use crate::clock::{Clock, SystemClock, duration_millis};
 use crate::error::StoreError;
@@ -136,12 +135,14 @@ impl MemoryStore {
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
         }
     }
+}
 
+impl Inner {
     fn shard(&self, key: &Key) -> MutexGuard<'_, HashMap<Key, Record, DigestHasher>> {
         let idx = usize::from(key.as_bytes()[0]) & (SHARDS - 1);
         // A panic while holding the lock cannot leave a record half-written (every
         // mutation is a single assignment), so a poisoned shard is still consistent.
-        self.inner.shards[idx]
+        self.shards[idx]
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -218,7 +219,7 @@ impl MemoryStore {
     }
 
     fn now(&self) -> i64 {
-        self.inner.clock.now_millis()
+        self.clock.now_millis()
     }
 }
 
@@ -230,13 +231,13 @@ fn is_live(rec: &Record, now: i64) -> bool {
     rec.expires_at > now && !matches!(rec.state, State::Released)
 }
 
-impl Store for MemoryStore {
+impl Store for Inner {
     fn backend(&self) -> &'static str {
         "memory"
     }
 
     fn max_result_bytes(&self) -> usize {
-        self.inner.max_result_bytes
+        self.max_result_bytes
     }
 
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
@@ -359,7 +360,7 @@ impl Store for MemoryStore {
     async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError> {
         let now = self.now();
         let mut purged = 0usize;
-        for shard in &self.inner.shards {
+        for shard in &self.shards {
             if purged >= limit {
                 break;
             }
@@ -381,7 +382,7 @@ impl Store for MemoryStore {
     async fn recovery_scopes(&self) -> Result<Vec<String>, StoreError> {
         let now = self.now();
         let mut scopes = std::collections::BTreeSet::new();
-        for shard in &self.inner.shards {
+        for shard in &self.shards {
             let map = shard.lock().unwrap_or_else(|p| p.into_inner());
             for rec in map.values().filter(|r| is_live(r, now)) {
                 if let (State::Processing { .. }, Some(r)) = (&rec.state, &rec.recovery) {
@@ -395,7 +396,7 @@ impl Store for MemoryStore {
     async fn abandoned(&self, scope: &str, limit: usize) -> Result<Vec<Abandoned>, StoreError> {
         let now = self.now();
         let mut found = Vec::new();
-        for shard in &self.inner.shards {
+        for shard in &self.shards {
             let map = shard.lock().unwrap_or_else(|p| p.into_inner());
             for (key, rec) in map.iter().filter(|(_, r)| is_live(r, now)) {
                 let (State::Processing { lease_until, .. }, Some(r)) = (&rec.state, &rec.recovery)
@@ -490,10 +491,4 @@ fn owned_by(rec: &Record, token: Token) -> bool {
     matches!(rec.state, State::Processing { token: t, .. } if t == token)
 }
 
-impl AsStore for MemoryStore {
-    type Store = MemoryStore;
-
-    fn as_store(&self) -> MemoryStore {
-        self.clone()
-    }
-}
+forward_store!(MemoryStore => inner);

@@ -13,6 +13,153 @@ use crate::error::StoreError;
 use crate::key::{Fingerprint, Key};
 use erased::DynStore;
 
+/// `impl Store` for a handle type whose state is an `Arc` of a store
+/// (`$field: Arc<X>` with `X: Store`): every method forwards to it, and
+/// [`Store::share`] hands out that `Arc` instead of wrapping a clone in a
+/// new one, so a call on the handle allocates nothing to make its steps'
+/// [`StoreRef`].
+macro_rules! forward_store {
+    ($handle:ty => $field:ident) => {
+        impl $crate::store::Store for $handle {
+            fn backend(&self) -> &'static str {
+                $crate::store::Store::backend(&*self.$field)
+            }
+
+            fn max_result_bytes(&self) -> usize {
+                $crate::store::Store::max_result_bytes(&*self.$field)
+            }
+
+            fn share(&self) -> $crate::store::StoreRef {
+                $crate::store::StoreRef::from_arc(::std::sync::Arc::clone(&self.$field))
+            }
+
+            fn claim(
+                &self,
+                req: $crate::store::ClaimRequest<'_>,
+            ) -> impl ::std::future::Future<Output = Result<$crate::store::Claim, $crate::StoreError>>
+            + Send {
+                $crate::store::Store::claim(&*self.$field, req)
+            }
+
+            fn complete(
+                &self,
+                key: &$crate::Key,
+                token: $crate::store::Token,
+                completion: $crate::store::Completion<'_>,
+            ) -> impl ::std::future::Future<Output = Result<bool, $crate::StoreError>> + Send {
+                $crate::store::Store::complete(&*self.$field, key, token, completion)
+            }
+
+            fn release(
+                &self,
+                key: &$crate::Key,
+                token: $crate::store::Token,
+            ) -> impl ::std::future::Future<Output = Result<bool, $crate::StoreError>> + Send {
+                $crate::store::Store::release(&*self.$field, key, token)
+            }
+
+            fn renew(
+                &self,
+                key: &$crate::Key,
+                token: $crate::store::Token,
+                lease: ::std::time::Duration,
+            ) -> impl ::std::future::Future<Output = Result<bool, $crate::StoreError>> + Send {
+                $crate::store::Store::renew(&*self.$field, key, token, lease)
+            }
+
+            fn inspect(
+                &self,
+                key: &$crate::Key,
+            ) -> impl ::std::future::Future<
+                Output = Result<Option<$crate::store::RecordInfo>, $crate::StoreError>,
+            > + Send {
+                $crate::store::Store::inspect(&*self.$field, key)
+            }
+
+            fn evict(
+                &self,
+                key: &$crate::Key,
+            ) -> impl ::std::future::Future<Output = Result<bool, $crate::StoreError>> + Send {
+                $crate::store::Store::evict(&*self.$field, key)
+            }
+
+            fn purge_expired(
+                &self,
+                limit: usize,
+            ) -> impl ::std::future::Future<Output = Result<u64, $crate::StoreError>> + Send {
+                $crate::store::Store::purge_expired(&*self.$field, limit)
+            }
+
+            fn stats(
+                &self,
+            ) -> impl ::std::future::Future<
+                Output = Result<$crate::store::RecordStats, $crate::StoreError>,
+            > + Send {
+                $crate::store::Store::stats(&*self.$field)
+            }
+
+            fn claim_recoverable(
+                &self,
+                req: $crate::store::ClaimRequest<'_>,
+                recovery: $crate::store::RecoveryArgs<'_>,
+            ) -> impl ::std::future::Future<Output = Result<$crate::store::Claim, $crate::StoreError>>
+            + Send {
+                $crate::store::Store::claim_recoverable(&*self.$field, req, recovery)
+            }
+
+            fn recovery_scopes(
+                &self,
+            ) -> impl ::std::future::Future<Output = Result<Vec<String>, $crate::StoreError>> + Send
+            {
+                $crate::store::Store::recovery_scopes(&*self.$field)
+            }
+
+            fn abandoned(
+                &self,
+                scope: &str,
+                limit: usize,
+            ) -> impl ::std::future::Future<
+                Output = Result<Vec<$crate::store::Abandoned>, $crate::StoreError>,
+            > + Send {
+                $crate::store::Store::abandoned(&*self.$field, scope, limit)
+            }
+
+            fn take_recovery(
+                &self,
+                key: &$crate::Key,
+                turn: $crate::store::RecoveryTurn<'_>,
+            ) -> impl ::std::future::Future<Output = Result<$crate::store::Turn, $crate::StoreError>>
+            + Send {
+                $crate::store::Store::take_recovery(&*self.$field, key, turn)
+            }
+
+            fn recovery_info(
+                &self,
+                key: &$crate::Key,
+            ) -> impl ::std::future::Future<
+                Output = Result<Option<$crate::store::RecoveryInfo>, $crate::StoreError>,
+            > + Send {
+                $crate::store::Store::recovery_info(&*self.$field, key)
+            }
+
+            fn retry_recovery(
+                &self,
+                key: &$crate::Key,
+            ) -> impl ::std::future::Future<Output = Result<bool, $crate::StoreError>> + Send {
+                $crate::store::Store::retry_recovery(&*self.$field, key)
+            }
+        }
+
+        impl $crate::store::AsStore for $handle {
+            type Store = $handle;
+
+            fn as_store(&self) -> $handle {
+                self.clone()
+            }
+        }
+    };
+}
+
 pub mod memory;
 
 /// The attribute [`tx::TxConnection`] implementations are written with,

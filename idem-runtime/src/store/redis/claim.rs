@@ -25,11 +25,11 @@ use crate::store::{Claim, ClaimRequest, RecoveryArgs};
 
 use super::record::{self, Record};
 use super::reply::{bytes, fingerprint, int};
-use super::{RedisStore, millis};
+use super::{Inner, millis};
 
 static RECLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("reclaim.lua")));
 
-impl RedisStore {
+impl Inner {
     pub(super) async fn claim_record(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let key = self.redis_key(req.key);
         let (lease, ttl) = (millis(req.lease), millis(req.ttl));
@@ -85,8 +85,8 @@ impl RedisStore {
     /// Keeps the PROCESSING record this claim wrote, for a completion by
     /// `SET … IFEQ` (complete.rs).
     pub(super) fn hold_record(&self, req: ClaimRequest<'_>, value: Vec<u8>) {
-        if self.inner.set_ifeq {
-            self.inner.held.insert(req.key, req.token, value);
+        if self.set_ifeq {
+            self.held.insert(req.key, req.token, value);
         }
     }
 

@@ -36,7 +36,7 @@ use crate::key::{DigestHasher, Key};
 use crate::store::{Completion, Token};
 
 use super::record::{self, Record};
-use super::{RedisStore, SCRIPTS, millis};
+use super::{Inner, SCRIPTS, millis};
 
 /// The PROCESSING records this process's owners hold, by (key, token).
 ///
@@ -99,7 +99,7 @@ impl Held {
     }
 }
 
-impl RedisStore {
+impl Inner {
     pub(super) async fn complete_record(
         &self,
         key: &Key,
@@ -107,8 +107,8 @@ impl RedisStore {
         completion: Completion<'_>,
     ) -> Result<bool, StoreError> {
         let code = b'0' + completion.outcome.code();
-        let held = if self.inner.set_ifeq {
-            self.inner.held.take(key, token)
+        let held = if self.set_ifeq {
+            self.held.take(key, token)
         } else {
             None
         };
@@ -145,7 +145,7 @@ impl RedisStore {
             Err(e) => {
                 // The protocol may send the completion again: keep what it
                 // compares against.
-                self.inner.held.insert(key, token, held);
+                self.held.insert(key, token, held);
                 return Err(self.err_at(&name, e));
             }
         };

@@ -66,7 +66,7 @@ use crate::clock::duration_millis;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::store::{
-    Abandoned, AsStore, Claim, ClaimRequest, Completion, RecordInfo, RecordStats, RecoveryArgs,
+    Abandoned, Claim, ClaimRequest, Completion, RecordInfo, RecordStats, RecoveryArgs,
     RecoveryInfo, RecoveryTurn, Store, Token, Turn,
 };
 use connection::Connection;
@@ -160,19 +160,7 @@ impl RedisStore {
     /// # }).unwrap();
     /// ```
     pub fn redis_key(&self, key: &Key) -> String {
-        // Only the part in braces decides the cluster slot: one record, one slot.
-        // Built in one buffer: every operation names its record by this.
-        // (Not `vec![0; n]`: zeroed memory comes from `calloc`, slower
-        // than the bytes written over it.)
-        let prefix = &self.inner.key_prefix;
-        let mut digest_hex = [0u8; 64];
-        hex::encode_to_slice(key.as_bytes(), &mut digest_hex).expect("64 bytes hold 32 in hex");
-        let mut name = String::with_capacity(prefix.len() + 66);
-        name.push_str(prefix);
-        name.push('{');
-        name.push_str(std::str::from_utf8(&digest_hex).expect("hex is ASCII"));
-        name.push('}');
-        name
+        self.inner.redis_key(key)
     }
 
     /// Whether completions are one `SET … IFEQ` (Valkey ≥ 8.1, Redis ≥ 8.4,
@@ -188,13 +176,31 @@ impl RedisStore {
     pub fn completes_with_set_ifeq(&self) -> bool {
         self.inner.set_ifeq
     }
+}
+
+impl Inner {
+    fn redis_key(&self, key: &Key) -> String {
+        // Only the part in braces decides the cluster slot: one record, one slot.
+        // Built in one buffer: every operation names its record by this.
+        // (Not `vec![0; n]`: zeroed memory comes from `calloc`, slower
+        // than the bytes written over it.)
+        let prefix = &self.key_prefix;
+        let mut digest_hex = [0u8; 64];
+        hex::encode_to_slice(key.as_bytes(), &mut digest_hex).expect("64 bytes hold 32 in hex");
+        let mut name = String::with_capacity(prefix.len() + 66);
+        name.push_str(prefix);
+        name.push('{');
+        name.push_str(std::str::from_utf8(&digest_hex).expect("hex is ASCII"));
+        name.push('}');
+        name
+    }
 
     fn conn(&self) -> Connection {
-        self.inner.conn.clone()
+        self.conn.clone()
     }
 
     fn err(&self, e: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> StoreError {
-        StoreError::new(self.inner.backend, &*self.inner.location, e)
+        StoreError::new(self.backend, &*self.location, e)
     }
 
     /// A command on one record failed. A record that is not a string is
@@ -245,13 +251,13 @@ fn millis(d: Duration) -> u64 {
     duration_millis(d).clamp(1, MAX_EXACT) as u64
 }
 
-impl Store for RedisStore {
+impl Store for Inner {
     fn backend(&self) -> &'static str {
-        self.inner.backend
+        self.backend
     }
 
     fn max_result_bytes(&self) -> usize {
-        self.inner.max_result_bytes
+        self.max_result_bytes
     }
 
     /// One `SET … NX PX … GET` (claim.rs): one round trip, and a second
@@ -270,8 +276,8 @@ impl Store for RedisStore {
     }
 
     async fn release(&self, key: &Key, token: Token) -> Result<bool, StoreError> {
-        if self.inner.set_ifeq {
-            self.inner.held.take(key, token);
+        if self.set_ifeq {
+            self.held.take(key, token);
         }
         self.fenced(&SCRIPTS.release, key, &[token.as_bytes()])
             .await
@@ -290,8 +296,8 @@ impl Store for RedisStore {
         if margin <= 0 {
             return Ok(false);
         }
-        if self.inner.set_ifeq {
-            self.inner.held.renewed(key, token, (margin - 1) as u64);
+        if self.set_ifeq {
+            self.held.renewed(key, token, (margin - 1) as u64);
         }
         Ok(true)
     }
@@ -373,10 +379,4 @@ impl Store for RedisStore {
     }
 }
 
-impl AsStore for RedisStore {
-    type Store = RedisStore;
-
-    fn as_store(&self) -> RedisStore {
-        self.clone()
-    }
-}
+forward_store!(RedisStore => inner);

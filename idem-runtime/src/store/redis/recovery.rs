@@ -35,7 +35,7 @@ use std::time::Duration;
 use redis::{Script, Value};
 
 use super::reply::{Malformed, bytes, int};
-use super::{RedisStore, millis};
+use super::{Inner, millis};
 use crate::clock::{Clock, SystemClock};
 use crate::error::StoreError;
 use crate::key::Key;
@@ -66,7 +66,7 @@ fn now_ms() -> i64 {
     SystemClock.now_millis()
 }
 
-impl RedisStore {
+impl Inner {
     fn recovery_hash(&self, key: &Key) -> String {
         let mut name = self.redis_key(key);
         name.push_str(":recovery");
@@ -74,11 +74,11 @@ impl RedisStore {
     }
 
     fn due_index(&self, scope: &str) -> String {
-        format!("{}{{recovery}}:due:{scope}", self.inner.key_prefix)
+        format!("{}{{recovery}}:due:{scope}", self.key_prefix)
     }
 
     fn scopes_set(&self) -> String {
-        format!("{}{{recovery}}:scopes", self.inner.key_prefix)
+        format!("{}{{recovery}}:scopes", self.key_prefix)
     }
 
     /// Indexes the key in its scope, then claims through `reclaim.lua`,

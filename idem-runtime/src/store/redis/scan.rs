@@ -12,7 +12,7 @@ use crate::store::RecordStats;
 use super::connection::Connection;
 use super::record::Record;
 use super::reply::{Malformed, RecordError, bytes, int, read_inspected};
-use super::{RedisStore, SCRIPTS};
+use super::{Inner, SCRIPTS};
 
 /// Keys a SCAN step asks for; each step is one round trip per node.
 const SCAN_COUNT: usize = 512;
@@ -47,9 +47,9 @@ fn glob_escape(s: &str) -> String {
     out
 }
 
-impl RedisStore {
+impl Inner {
     pub(super) async fn purge_released(&self, limit: usize) -> Result<u64, StoreError> {
-        let pattern = format!("{}{{*}}", glob_escape(&self.inner.key_prefix));
+        let pattern = format!("{}{{*}}", glob_escape(&self.key_prefix));
         let mut purged = 0usize;
         for target in self.scan_targets().await? {
             let mut cursor = 0;
@@ -94,7 +94,7 @@ impl RedisStore {
     }
 
     pub(super) async fn count_records(&self) -> Result<RecordStats, StoreError> {
-        let pattern = format!("{}{{*}}", glob_escape(&self.inner.key_prefix));
+        let pattern = format!("{}{{*}}", glob_escape(&self.key_prefix));
         let now = self.server_millis().await?;
         let mut stats = RecordStats::default();
         for target in self.scan_targets().await? {

@@ -17,6 +17,7 @@
 //! duplicate-key error anywhere.
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlPool};
@@ -406,7 +407,7 @@ const PURGE_DELETE: &str = "DELETE FROM idem_records WHERE `key` IN ";
 /// ```
 #[derive(Debug, Clone)]
 pub struct MySqlStore {
-    core: Core<MySql>,
+    core: Arc<Core<MySql>>,
 }
 
 /// Configures a [`MySqlStore`].
@@ -543,7 +544,9 @@ impl MySqlStoreBuilder {
             location,
         )
         .await?;
-        Ok(MySqlStore { core })
+        Ok(MySqlStore {
+            core: Arc::new(core),
+        })
     }
 }
 

@@ -8,6 +8,7 @@
 //! lock; the algorithms are the shared ones in `store.rs`.
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
@@ -364,7 +365,7 @@ DELETE FROM idem_recovery WHERE key IN (
 /// ```
 #[derive(Debug, Clone)]
 pub struct PgStore {
-    core: Core<Postgres>,
+    core: Arc<Core<Postgres>>,
 }
 
 /// Configures a [`PgStore`].
@@ -493,7 +494,9 @@ impl PgStoreBuilder {
             location,
         )
         .await?;
-        Ok(PgStore { core })
+        Ok(PgStore {
+            core: Arc::new(core),
+        })
     }
 }
 

@@ -185,7 +185,7 @@ DELETE FROM idem_recovery WHERE key IN (
 /// ```
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
-    core: Core<Sqlite>,
+    core: Arc<Core<Sqlite>>,
 }
 
 /// Configures a [`SqliteStore`].
@@ -303,7 +303,9 @@ impl SqliteStoreBuilder {
 
     async fn finish(self, pool: SqlitePool, location: String) -> Result<SqliteStore, StoreError> {
         let core = Core::open(pool, self.clock, &self.settings, location).await?;
-        Ok(SqliteStore { core })
+        Ok(SqliteStore {
+            core: Arc::new(core),
+        })
     }
 }
 

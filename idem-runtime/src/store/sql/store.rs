@@ -480,118 +480,114 @@ mod server {
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use server::{connect_pool, server_location};
 
+/// Every dialect's store is one `Core` behind an `Arc`: the algorithm once,
+/// each dialect's statements through [`Dialect`].
+impl<D: Dialect> crate::store::Store for Core<D> {
+    fn backend(&self) -> &'static str {
+        Core::backend(self)
+    }
+
+    fn max_result_bytes(&self) -> usize {
+        self.max_result_bytes
+    }
+
+    async fn claim(
+        &self,
+        req: crate::store::ClaimRequest<'_>,
+    ) -> Result<crate::store::Claim, crate::StoreError> {
+        Core::claim(self, req).await
+    }
+
+    async fn complete(
+        &self,
+        key: &crate::Key,
+        token: crate::store::Token,
+        completion: crate::store::Completion<'_>,
+    ) -> Result<bool, crate::StoreError> {
+        Core::complete(self, key, token, completion).await
+    }
+
+    async fn release(
+        &self,
+        key: &crate::Key,
+        token: crate::store::Token,
+    ) -> Result<bool, crate::StoreError> {
+        Core::release(self, key, token).await
+    }
+
+    async fn renew(
+        &self,
+        key: &crate::Key,
+        token: crate::store::Token,
+        lease: std::time::Duration,
+    ) -> Result<bool, crate::StoreError> {
+        Core::renew(self, key, token, lease).await
+    }
+
+    async fn inspect(
+        &self,
+        key: &crate::Key,
+    ) -> Result<Option<crate::store::RecordInfo>, crate::StoreError> {
+        Core::inspect(self, key).await
+    }
+
+    async fn evict(&self, key: &crate::Key) -> Result<bool, crate::StoreError> {
+        Core::evict(self, key).await
+    }
+
+    async fn purge_expired(&self, limit: usize) -> Result<u64, crate::StoreError> {
+        Core::purge_expired(self, limit).await
+    }
+
+    async fn stats(&self) -> Result<crate::store::RecordStats, crate::StoreError> {
+        Core::stats(self).await
+    }
+
+    async fn claim_recoverable(
+        &self,
+        req: crate::store::ClaimRequest<'_>,
+        recovery: crate::store::RecoveryArgs<'_>,
+    ) -> Result<crate::store::Claim, crate::StoreError> {
+        Core::claim_recoverable(self, req, recovery).await
+    }
+
+    async fn recovery_scopes(&self) -> Result<Vec<String>, crate::StoreError> {
+        Core::recovery_scopes(self).await
+    }
+
+    async fn abandoned(
+        &self,
+        scope: &str,
+        limit: usize,
+    ) -> Result<Vec<crate::store::Abandoned>, crate::StoreError> {
+        Core::abandoned(self, scope, limit).await
+    }
+
+    async fn take_recovery(
+        &self,
+        key: &crate::Key,
+        turn: crate::store::RecoveryTurn<'_>,
+    ) -> Result<crate::store::Turn, crate::StoreError> {
+        Core::take_recovery(self, key, turn).await
+    }
+
+    async fn recovery_info(
+        &self,
+        key: &crate::Key,
+    ) -> Result<Option<crate::store::RecoveryInfo>, crate::StoreError> {
+        Core::recovery_info(self, key).await
+    }
+
+    async fn retry_recovery(&self, key: &crate::Key) -> Result<bool, crate::StoreError> {
+        Core::retry_recovery(self, key).await
+    }
+}
+
 /// `impl Store` and `AsStore` for a dialect's store type, forwarding to its
-/// `core: Core<D>` field.
+/// `core: Arc<Core<D>>` field.
 macro_rules! sql_store {
     ($store:ty) => {
-        impl $crate::store::Store for $store {
-            fn backend(&self) -> &'static str {
-                self.core.backend()
-            }
-
-            fn max_result_bytes(&self) -> usize {
-                self.core.max_result_bytes
-            }
-
-            async fn claim(
-                &self,
-                req: $crate::store::ClaimRequest<'_>,
-            ) -> Result<$crate::store::Claim, $crate::StoreError> {
-                self.core.claim(req).await
-            }
-
-            async fn complete(
-                &self,
-                key: &$crate::Key,
-                token: $crate::store::Token,
-                completion: $crate::store::Completion<'_>,
-            ) -> Result<bool, $crate::StoreError> {
-                self.core.complete(key, token, completion).await
-            }
-
-            async fn release(
-                &self,
-                key: &$crate::Key,
-                token: $crate::store::Token,
-            ) -> Result<bool, $crate::StoreError> {
-                self.core.release(key, token).await
-            }
-
-            async fn renew(
-                &self,
-                key: &$crate::Key,
-                token: $crate::store::Token,
-                lease: std::time::Duration,
-            ) -> Result<bool, $crate::StoreError> {
-                self.core.renew(key, token, lease).await
-            }
-
-            async fn inspect(
-                &self,
-                key: &$crate::Key,
-            ) -> Result<Option<$crate::store::RecordInfo>, $crate::StoreError> {
-                self.core.inspect(key).await
-            }
-
-            async fn evict(&self, key: &$crate::Key) -> Result<bool, $crate::StoreError> {
-                self.core.evict(key).await
-            }
-
-            async fn purge_expired(&self, limit: usize) -> Result<u64, $crate::StoreError> {
-                self.core.purge_expired(limit).await
-            }
-
-            async fn stats(&self) -> Result<$crate::store::RecordStats, $crate::StoreError> {
-                self.core.stats().await
-            }
-
-            async fn claim_recoverable(
-                &self,
-                req: $crate::store::ClaimRequest<'_>,
-                recovery: $crate::store::RecoveryArgs<'_>,
-            ) -> Result<$crate::store::Claim, $crate::StoreError> {
-                self.core.claim_recoverable(req, recovery).await
-            }
-
-            async fn recovery_scopes(&self) -> Result<Vec<String>, $crate::StoreError> {
-                self.core.recovery_scopes().await
-            }
-
-            async fn abandoned(
-                &self,
-                scope: &str,
-                limit: usize,
-            ) -> Result<Vec<$crate::store::Abandoned>, $crate::StoreError> {
-                self.core.abandoned(scope, limit).await
-            }
-
-            async fn take_recovery(
-                &self,
-                key: &$crate::Key,
-                turn: $crate::store::RecoveryTurn<'_>,
-            ) -> Result<$crate::store::Turn, $crate::StoreError> {
-                self.core.take_recovery(key, turn).await
-            }
-
-            async fn recovery_info(
-                &self,
-                key: &$crate::Key,
-            ) -> Result<Option<$crate::store::RecoveryInfo>, $crate::StoreError> {
-                self.core.recovery_info(key).await
-            }
-
-            async fn retry_recovery(&self, key: &$crate::Key) -> Result<bool, $crate::StoreError> {
-                self.core.retry_recovery(key).await
-            }
-        }
-
-        impl $crate::store::AsStore for $store {
-            type Store = $store;
-
-            fn as_store(&self) -> $store {
-                self.clone()
-            }
-        }
+        forward_store!($store => core);
     };
 }
 

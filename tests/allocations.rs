@@ -1,0 +1,109 @@
+//! What a call allocates, counted by a global allocator on this test's own
+//! thread: a store of a known type is polled in place, so a call on it
+//! allocates nothing for the store's futures, nor for the handle its steps
+//! would use; a `StoreRef` boxes its claim's and its completion's futures.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::Arc;
+
+use idem_runtime::idempotent;
+use idem_runtime::store::memory::MemoryStore;
+use idem_runtime::store::{AsStore, StoreRef};
+
+/// Counts the allocations of the thread that asked, while it asks.
+struct Counting;
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+}
+
+// SAFETY: every call is forwarded to the system allocator unchanged; the
+// counters are thread-locals of `Copy` cells, which allocate nothing.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = COUNTING.try_with(|on| {
+            if on.get() {
+                ALLOCATIONS.with(|n| n.set(n.get() + 1));
+            }
+        });
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+#[derive(Debug)]
+struct AppError;
+
+impl From<idem_runtime::Error> for AppError {
+    fn from(_: idem_runtime::Error) -> Self {
+        AppError
+    }
+}
+
+struct Svc<S> {
+    store: S,
+}
+
+impl<S: AsStore> Svc<S> {
+    #[idempotent(key = "id", scope = "allocations.create", store = self.store)]
+    async fn create(&self, id: u64) -> Result<u64, AppError> {
+        Ok(id)
+    }
+}
+
+/// The allocations of one first call with a fresh key, after a warm-up that
+/// makes the thread's lazily built state (metric keys, generators).
+fn allocations_of_a_call<S: AsStore>(svc: &Svc<S>) -> usize {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for id in 0..10 {
+            svc.create(id).await.unwrap();
+        }
+        COUNTING.with(|on| on.set(true));
+        ALLOCATIONS.with(|n| n.set(0));
+        svc.create(1_000).await.unwrap();
+        COUNTING.with(|on| on.set(false));
+        ALLOCATIONS.with(|n| n.get())
+    })
+}
+
+#[test]
+fn a_store_of_known_type_boxes_no_future_and_makes_no_handle() {
+    let shared = Svc {
+        store: StoreRef::new(MemoryStore::new()),
+    };
+    let known = Svc {
+        store: MemoryStore::new(),
+    };
+    let in_arc = Svc {
+        store: Arc::new(MemoryStore::new()),
+    };
+    let (shared, known, in_arc) = (
+        allocations_of_a_call(&shared),
+        allocations_of_a_call(&known),
+        allocations_of_a_call(&in_arc),
+    );
+    // Through a `StoreRef`, the claim's and the completion's futures are
+    // boxed; on the store itself, neither is, and no `StoreRef` is made for
+    // the call's steps (the store shares the `Arc` it already has).
+    eprintln!("allocations: StoreRef {shared}, MemoryStore {known}, Arc {in_arc}");
+    assert_eq!(shared, known + 2, "StoreRef {shared}, MemoryStore {known}");
+    assert_eq!(
+        in_arc, known,
+        "Arc<MemoryStore> {in_arc}, MemoryStore {known}"
+    );
+    // What is left: the result's stored bytes, and the store's copy of them.
+    assert!(known <= 2, "a call on MemoryStore allocated {known} times");
+}
