@@ -13,7 +13,8 @@
 //!   called bare and under `#[idempotent]` on the memory store (fresh key per
 //!   call: the first-execution path), so their difference is what the
 //!   attribute costs per call on the client; the same with a body that
-//!   waits once (`yields once`), which arms the heartbeat's timer.
+//!   waits once (`yields once`), which arms the heartbeat's timer; and once
+//!   more with the store held as a `StoreRef` (its futures boxed).
 //!
 //! Times are the bench thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), not
 //! wall time: the runtimes are single-threaded, so all the work is on that
@@ -26,8 +27,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use idem_runtime::store::StoreRef;
 use idem_runtime::store::memory::MemoryStore;
+use idem_runtime::store::{AsStore, StoreRef};
 use idem_runtime::store::{ClaimRequest, Completion, StoredOutcome, Token};
 use idem_runtime::{Key, idempotent};
 use serde::{Deserialize, Serialize};
@@ -77,17 +78,19 @@ async fn bare_yielding(id: u64) -> Result<Order, BenchError> {
     Ok(order(id))
 }
 
-struct Svc {
-    store: StoreRef,
+/// The store as a service holds it: its own type (the claim's and the
+/// completion's futures are polled in place), or a `StoreRef` (each boxed).
+struct Svc<S> {
+    store: S,
 }
 
-impl Svc {
-    #[idempotent(key = "run|id", scope = "bench.memory", store = self.store.clone())]
+impl<S: AsStore> Svc<S> {
+    #[idempotent(key = "run|id", scope = "bench.memory", store = self.store)]
     async fn create(&self, run: u64, id: u64) -> Result<Order, BenchError> {
         Ok(order(id))
     }
 
-    #[idempotent(key = "run|id", scope = "bench.memory.yield", store = self.store.clone())]
+    #[idempotent(key = "run|id", scope = "bench.memory.yield", store = self.store)]
     async fn create_yielding(&self, run: u64, id: u64) -> Result<Order, BenchError> {
         tokio::task::yield_now().await;
         Ok(order(id))
@@ -192,6 +195,9 @@ fn idempotent_call(c: &mut Criterion) {
     let n = &n;
     // A store per sample, as above.
     let svc = || Svc {
+        store: MemoryStore::new(),
+    };
+    let svc_ref = || Svc {
         store: StoreRef::new(MemoryStore::new()),
     };
     let mut g = c.benchmark_group("call");
@@ -203,6 +209,12 @@ fn idempotent_call(c: &mut Criterion) {
     g.bench_function("#[idempotent] on memory", |b| {
         b.to_async(&rt).iter_custom(|iters| async move {
             let svc = svc();
+            cpu_of_calls(iters, n, |id| svc.create(run, id)).await
+        })
+    });
+    g.bench_function("#[idempotent] on memory, through a StoreRef", |b| {
+        b.to_async(&rt).iter_custom(|iters| async move {
+            let svc = svc_ref();
             cpu_of_calls(iters, n, |id| svc.create(run, id)).await
         })
     });

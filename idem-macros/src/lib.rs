@@ -139,6 +139,8 @@ use errors::Errors;
 /// // What `pay` becomes:
 /// async fn pay_by_hand(req: Pay) -> Result<u64, AppError> {
 ///     // Fixed per call site. `Kind::Consumer` with `consumer`; `.wait(…)` with `wait`.
+///     // (The expansion also gives the site a hidden `static` it names with
+///     // `.site(…)`: the metric keys and timings its calls reuse.)
 ///     const SPEC: Spec = Spec::new("orders.pay", Kind::Call)
 ///         .ttl(Duration::from_secs(24 * 3600))
 ///         .lease(Duration::from_secs(30));

@@ -241,6 +241,7 @@ impl FlowContext {
             lease: self.lease,
             wait: Some(self.lease),
             event: None,
+            site: None,
         }
     }
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use metrics::{Key, Label, Level, Metadata};
 
-use crate::spec::{Kind, Spec};
+use crate::spec::{Kind, SITE_KEYS, Spec};
 
 /// The `outcome` label of `idem_calls_total`: what happened to one call.
 ///
@@ -156,13 +156,31 @@ thread_local! {
         RefCell::new(HashMap::default());
 }
 
-/// Runs `f` with the key of `name` at this call site.
+/// The site's slot of each key it keeps: an outcome's `idem_calls_total`,
+/// or `idem_claim_seconds` after them.
+const CLAIM_SECONDS_SLOT: usize = CallOutcome::ALL.len();
+const _: () = {
+    assert!(CLAIM_SECONDS_SLOT + 1 == SITE_KEYS);
+    // `outcome as usize` is its slot: `ALL` is in declaration order.
+    let mut i = 0;
+    while i < CallOutcome::ALL.len() {
+        assert!(CallOutcome::ALL[i] as usize == i);
+        i += 1;
+    }
+};
+
+/// Runs `f` with the key of `name` at this call site: from the site's own
+/// slots when the attribute gave it some, else from this thread's map.
 fn with_key<R>(
     name: &'static str,
     spec: &Spec,
     outcome: Option<CallOutcome>,
     f: impl FnOnce(&Key) -> R,
 ) -> R {
+    if let Some(site) = spec.site {
+        let slot = outcome.map_or(CLAIM_SECONDS_SLOT, |o| o as usize);
+        return f(site.keys[slot].get_or_init(|| key_of(name, spec, outcome)));
+    }
     let site = Site {
         name,
         scope: (spec.scope.as_ptr() as usize, spec.scope.len()),
@@ -171,18 +189,22 @@ fn with_key<R>(
     };
     KEYS.with(|keys| {
         let mut keys = keys.borrow_mut();
-        let key = keys.entry(site).or_insert_with(|| {
-            let mut labels = vec![
-                Label::new("scope", spec.scope),
-                Label::new("kind", kind(spec)),
-            ];
-            if let Some(o) = outcome {
-                labels.push(Label::new("outcome", o.as_str()));
-            }
-            Key::from_parts(name, labels)
-        });
+        let key = keys
+            .entry(site)
+            .or_insert_with(|| key_of(name, spec, outcome));
         f(key)
     })
+}
+
+fn key_of(name: &'static str, spec: &Spec, outcome: Option<CallOutcome>) -> Key {
+    let mut labels = vec![
+        Label::new("scope", spec.scope),
+        Label::new("kind", kind(spec)),
+    ];
+    if let Some(o) = outcome {
+        labels.push(Label::new("outcome", o.as_str()));
+    }
+    Key::from_parts(name, labels)
 }
 
 pub(crate) fn call(spec: &Spec, outcome: CallOutcome) {

@@ -2,6 +2,9 @@
 //! as a constant and what code without the macros passes to
 //! [`crate::protocol::execute`].
 
+use std::fmt;
+use std::sync::OnceLock;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 /// What kind of call a [`Spec`] describes: it picks metric names and defaults.
@@ -47,6 +50,8 @@ pub struct Spec {
     /// A consumer's event type (the attribute's `event`): the first part of
     /// its key, and with `scope` the labels of the consumer runner's metrics.
     pub event: Option<&'static str>,
+    /// What the call site keeps across calls (the attribute's own `static`).
+    pub(crate) site: Option<&'static CallSite>,
 }
 
 impl Spec {
@@ -64,6 +69,7 @@ impl Spec {
             lease: Duration::from_secs(30),
             wait: None,
             event: None,
+            site: None,
         }
     }
 
@@ -91,4 +97,53 @@ impl Spec {
         self.event = Some(event);
         self
     }
+
+    /// Keeps what the call site needs on every call in `site` (the
+    /// attribute gives each annotated function a `static` one).
+    #[doc(hidden)]
+    pub const fn site(mut self, site: &'static CallSite) -> Spec {
+        self.site = Some(site);
+        self
+    }
 }
+
+/// How many metric keys a call site keeps: one per call outcome and the
+/// claim's latency (`observe.rs` checks the count).
+pub(crate) const SITE_KEYS: usize = 12;
+
+/// What one call site keeps across its calls: the metric keys they name and
+/// the moving average of how long they take (for `InProgress` hints). The
+/// attribute makes one per annotated function, as a `static` beside its
+/// `Spec`, so a call finds them with no lookup; a `Spec` built by hand has
+/// none, and a call finds the same things by its scope (a map per thread).
+#[doc(hidden)]
+pub struct CallSite {
+    pub(crate) keys: [OnceLock<metrics::Key>; SITE_KEYS],
+    pub(crate) typical: AtomicU64,
+}
+
+impl CallSite {
+    #[allow(clippy::new_without_default)]
+    pub const fn new() -> CallSite {
+        CallSite {
+            keys: [const { OnceLock::new() }; SITE_KEYS],
+            typical: AtomicU64::new(0),
+        }
+    }
+}
+
+impl fmt::Debug for CallSite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CallSite")
+    }
+}
+
+// One call site is equal only to itself: two `Spec`s are the same settings
+// of the same site.
+impl PartialEq for CallSite {
+    fn eq(&self, other: &CallSite) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
+impl Eq for CallSite {}

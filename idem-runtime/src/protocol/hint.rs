@@ -96,9 +96,18 @@ impl std::hash::Hasher for ScopeHasher {
     }
 }
 
+/// The moving average of the calls of `spec`'s site: kept by the site
+/// itself when the attribute made one, else found by the scope.
+fn typical_of(spec: &Spec) -> &'static AtomicU64 {
+    match spec.site {
+        Some(site) => &site.typical,
+        None => observed(spec.scope),
+    }
+}
+
 /// A body running in this process, for duplicates arriving meanwhile.
 pub(super) struct Running {
-    scope: &'static str,
+    typical: &'static AtomicU64,
     key: Key,
     started: Instant,
 }
@@ -109,7 +118,7 @@ impl Running {
     pub(super) fn start(spec: &Spec, key: Key, started: Instant) -> Running {
         running(&key).insert(key, started);
         Running {
-            scope: spec.scope,
+            typical: typical_of(spec),
             key,
             started,
         }
@@ -120,7 +129,7 @@ impl Running {
         let took = u64::try_from(self.started.elapsed().as_nanos())
             .unwrap_or(u64::MAX)
             .max(1);
-        let slot = observed(self.scope);
+        let slot = self.typical;
         // New samples weigh a quarter: a slow outlier moves the hint, but
         // does not rule it. Two calls finishing at once may lose one sample
         // to the other: a hint, not a count.
@@ -140,7 +149,7 @@ impl Drop for Running {
 
 /// When the first call with `key` is likely done.
 pub(super) fn retry_after(spec: &Spec, key: &Key, lease_remaining: Duration) -> Duration {
-    let typical = match observed(spec.scope).load(Ordering::Relaxed) {
+    let typical = match typical_of(spec).load(Ordering::Relaxed) {
         0 => FIRST_GUESS,
         nanos => Duration::from_nanos(nanos),
     };
