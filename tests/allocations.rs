@@ -61,22 +61,19 @@ impl<S: AsStore> Svc<S> {
     }
 }
 
-/// The allocations of one first call with a fresh key, after a warm-up that
-/// makes the thread's lazily built state (metric keys, generators).
-fn allocations_of_a_call<S: AsStore>(svc: &Svc<S>) -> usize {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        for id in 0..10 {
-            svc.create(id).await.unwrap();
-        }
+/// The fewest allocations of a first call with a fresh key, over several:
+/// a call that happens to grow a map (the store's shard, the in-progress
+/// hint's) allocates once more, and is not what is measured.
+async fn allocations_of_a_call<S: AsStore>(svc: &Svc<S>, from: u64) -> usize {
+    let mut fewest = usize::MAX;
+    for id in from..from + 8 {
         COUNTING.with(|on| on.set(true));
         ALLOCATIONS.with(|n| n.set(0));
-        svc.create(1_000).await.unwrap();
+        svc.create(id).await.unwrap();
         COUNTING.with(|on| on.set(false));
-        ALLOCATIONS.with(|n| n.get())
-    })
+        fewest = fewest.min(ALLOCATIONS.with(|n| n.get()));
+    }
+    fewest
 }
 
 #[test]
@@ -90,20 +87,32 @@ fn a_store_of_known_type_boxes_no_future_and_makes_no_handle() {
     let in_arc = Svc {
         store: Arc::new(MemoryStore::new()),
     };
-    let (shared, known, in_arc) = (
-        allocations_of_a_call(&shared),
-        allocations_of_a_call(&known),
-        allocations_of_a_call(&in_arc),
-    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let (shared, known, in_arc) = rt.block_on(async {
+        // Unmeasured first: the thread's lazily built state (metric keys,
+        // the token generator, the site's slots) and the maps' first tables.
+        for id in 0..100 {
+            shared.create(id).await.unwrap();
+            known.create(id).await.unwrap();
+            in_arc.create(id).await.unwrap();
+        }
+        (
+            allocations_of_a_call(&shared, 1_000).await,
+            allocations_of_a_call(&known, 2_000).await,
+            allocations_of_a_call(&in_arc, 3_000).await,
+        )
+    });
+    eprintln!("allocations: StoreRef {shared}, MemoryStore {known}, Arc {in_arc}");
     // Through a `StoreRef`, the claim's and the completion's futures are
     // boxed; on the store itself, neither is, and no `StoreRef` is made for
     // the call's steps (the store shares the `Arc` it already has).
-    eprintln!("allocations: StoreRef {shared}, MemoryStore {known}, Arc {in_arc}");
     assert_eq!(shared, known + 2, "StoreRef {shared}, MemoryStore {known}");
     assert_eq!(
         in_arc, known,
         "Arc<MemoryStore> {in_arc}, MemoryStore {known}"
     );
     // What is left: the result's stored bytes, and the store's copy of them.
-    assert!(known <= 2, "a call on MemoryStore allocated {known} times");
+    assert_eq!(known, 2, "a call on MemoryStore allocated {known} times");
 }

@@ -394,3 +394,48 @@ mod axum_handlers {
         assert_eq!(bank.runs.load(SeqCst), 2);
     }
 }
+
+static HINTED: std::sync::LazyLock<MemoryStore> = std::sync::LazyLock::new(MemoryStore::new);
+
+#[idem_runtime::idempotent(key = "id", scope = "http_attribute.hint.attr", store = &*HINTED)]
+async fn takes_300ms(id: u64) -> Result<u64, Error> {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Ok(id)
+}
+
+/// An annotated function keeps the way to its scope's average in its call
+/// site: its duplicates are hinted from what its calls took, and so is a
+/// hand-built `Spec` of the same scope (the average is the scope's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_annotated_call_learns_how_long_its_scope_takes() {
+    use std::hash::{BuildHasher, RandomState};
+    let base = RandomState::new().hash_one(std::time::SystemTime::now()) >> 8;
+    takes_300ms(base).await.unwrap();
+
+    let first = tokio::spawn(takes_300ms(base + 1));
+    // The first call claims at once and then sleeps: give it the claim.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let hinted = |out: Result<u64, Error>| match out {
+        Err(Error::InProgress { retry_after, .. }) => retry_after,
+        other => panic!("expected InProgress, got {other:?}"),
+    };
+    let attr = hinted(takes_300ms(base + 1).await);
+    // Not the 1 s guess for a scope never seen: about 300 ms, less what the
+    // first call has run.
+    assert!(attr < Duration::from_millis(600), "{attr:?}");
+
+    const BY_HAND: Spec = Spec::new("http_attribute.hint.attr", Kind::Call);
+    let key = Key::builder(BY_HAND.scope).part(&(base + 1)).finish();
+    let by_hand = hinted(
+        execute(
+            &BY_HAND,
+            Some(StoreRef::new(HINTED.clone())),
+            key,
+            None,
+            async { Ok(0) },
+        )
+        .await,
+    );
+    assert!(by_hand < Duration::from_millis(600), "{by_hand:?}");
+    assert_eq!(first.await.unwrap().unwrap(), base + 1);
+}

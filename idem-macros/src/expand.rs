@@ -321,7 +321,9 @@ pub(crate) fn idempotent(plan: &Plan<'_>, func: &ItemFn, krate: &Path) -> TokenS
         #vis #sig {
             #(#inner_attrs)*
             static __IDEM_SITE: #krate::__private::CallSite = #krate::__private::CallSite::new();
-            const __IDEM_SPEC: #krate::__private::Spec = #krate::__private::Spec::new(#scope, #kind)
+            // A `static`, not a `const`: it points at the site's `static`,
+            // which has interior mutability (a `const` may not before Rust 1.90).
+            static __IDEM_SPEC: #krate::__private::Spec = #krate::__private::Spec::new(#scope, #kind)
                 .site(&__IDEM_SITE)
                 .ttl(#krate::__private::Duration::from_millis(#ttl))
                 .lease(#krate::__private::Duration::from_millis(#lease))

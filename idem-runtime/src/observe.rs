@@ -156,15 +156,41 @@ thread_local! {
         RefCell::new(HashMap::default());
 }
 
+const CALLS_TOTAL: &str = "idem_calls_total";
+
 /// The site's slot of each key it keeps: an outcome's `idem_calls_total`,
 /// or `idem_claim_seconds` after them.
-const CLAIM_SECONDS_SLOT: usize = CallOutcome::ALL.len();
+const CLAIM_SECONDS_SLOT: usize = 11;
+const _: () = assert!(CLAIM_SECONDS_SLOT + 1 == SITE_KEYS);
+
+/// The slot of an outcome's `idem_calls_total` key: a `match` with no
+/// wildcard, so an outcome added later must be given its own.
+const fn outcome_slot(outcome: CallOutcome) -> usize {
+    match outcome {
+        CallOutcome::Executed => 0,
+        CallOutcome::Replayed => 1,
+        CallOutcome::InProgress => 2,
+        CallOutcome::KeyReuse => 3,
+        CallOutcome::Failed => 4,
+        CallOutcome::StoreError => 5,
+        CallOutcome::CodecError => 6,
+        CallOutcome::Unstored => 7,
+        CallOutcome::ReplayedUnstored => 8,
+        CallOutcome::LeaseLost => 9,
+        CallOutcome::NotInTransaction => 10,
+    }
+}
+
+// Every outcome has a slot of its own below the claim latency's.
 const _: () = {
-    assert!(CLAIM_SECONDS_SLOT + 1 == SITE_KEYS);
-    // `outcome as usize` is its slot: `ALL` is in declaration order.
     let mut i = 0;
     while i < CallOutcome::ALL.len() {
-        assert!(CallOutcome::ALL[i] as usize == i);
+        assert!(outcome_slot(CallOutcome::ALL[i]) < CLAIM_SECONDS_SLOT);
+        let mut j = 0;
+        while j < i {
+            assert!(outcome_slot(CallOutcome::ALL[i]) != outcome_slot(CallOutcome::ALL[j]));
+            j += 1;
+        }
         i += 1;
     }
 };
@@ -178,7 +204,10 @@ fn with_key<R>(
     f: impl FnOnce(&Key) -> R,
 ) -> R {
     if let Some(site) = spec.site {
-        let slot = outcome.map_or(CLAIM_SECONDS_SLOT, |o| o as usize);
+        // Two names only, told apart by the outcome: `call` passes one,
+        // `claim_latency` none.
+        debug_assert_eq!(outcome.is_some(), name == CALLS_TOTAL);
+        let slot = outcome.map_or(CLAIM_SECONDS_SLOT, outcome_slot);
         return f(site.keys[slot].get_or_init(|| key_of(name, spec, outcome)));
     }
     let site = Site {
@@ -208,7 +237,7 @@ fn key_of(name: &'static str, spec: &Spec, outcome: Option<CallOutcome>) -> Key 
 }
 
 pub(crate) fn call(spec: &Spec, outcome: CallOutcome) {
-    with_key("idem_calls_total", spec, Some(outcome), |key| {
+    with_key(CALLS_TOTAL, spec, Some(outcome), |key| {
         metrics::with_recorder(|r| r.register_counter(key, &METADATA)).increment(1)
     });
 }

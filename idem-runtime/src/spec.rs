@@ -119,7 +119,9 @@ pub(crate) const SITE_KEYS: usize = 12;
 #[doc(hidden)]
 pub struct CallSite {
     pub(crate) keys: [OnceLock<metrics::Key>; SITE_KEYS],
-    pub(crate) typical: AtomicU64,
+    /// The moving average of the scope's calls (shared by every site and
+    /// `Spec` of the scope), found once.
+    pub(crate) typical: OnceLock<&'static AtomicU64>,
 }
 
 impl CallSite {
@@ -127,7 +129,7 @@ impl CallSite {
     pub const fn new() -> CallSite {
         CallSite {
             keys: [const { OnceLock::new() }; SITE_KEYS],
-            typical: AtomicU64::new(0),
+            typical: OnceLock::new(),
         }
     }
 }

@@ -182,11 +182,19 @@ fn plain_keys_are_the_sha256_of_the_encoding() {
 fn an_encoding_longer_than_the_inline_room_is_whole() {
     let long = "x".repeat(300);
     let b = Key::builder("orders").part(&1u8).part(long.as_str());
-    let enc = b.encoding();
-    assert_eq!(enc.len(), 1 + (1 + 8 + 6) + (1 + 16) + (1 + 8 + 300));
-    assert!(enc.ends_with(long.as_bytes()));
-    let expected: [u8; 32] = Sha256::digest(enc).into();
-    assert_eq!(b.finish().as_bytes(), &expected);
+    // Version 1; the scope (tag 0x0a, its length, its bytes); the integer
+    // (tag 0x01, 16 bytes big-endian); the string (tag 0x04, length, bytes).
+    let mut expected = vec![1u8, 0x0a];
+    expected.extend_from_slice(&6u64.to_be_bytes());
+    expected.extend_from_slice(b"orders");
+    expected.push(0x01);
+    expected.extend_from_slice(&1u128.to_be_bytes());
+    expected.push(0x04);
+    expected.extend_from_slice(&300u64.to_be_bytes());
+    expected.extend_from_slice(long.as_bytes());
+    assert_eq!(b.encoding(), &expected[..]);
+    let digest: [u8; 32] = Sha256::digest(&expected).into();
+    assert_eq!(b.finish().as_bytes(), &digest);
 }
 
 #[test]

@@ -96,11 +96,11 @@ impl std::hash::Hasher for ScopeHasher {
     }
 }
 
-/// The moving average of the calls of `spec`'s site: kept by the site
-/// itself when the attribute made one, else found by the scope.
+/// The moving average of the calls of `spec`'s scope: found once per call
+/// site when the attribute made one, else on every call.
 fn typical_of(spec: &Spec) -> &'static AtomicU64 {
     match spec.site {
-        Some(site) => &site.typical,
+        Some(site) => site.typical.get_or_init(|| observed(spec.scope)),
         None => observed(spec.scope),
     }
 }

@@ -706,6 +706,10 @@ where
 /// The installed default store, for a call given none. Only a [`StoreRef`]
 /// can be the default: a call whose store has another type always has one.
 fn default_store<S: 'static>() -> Option<S> {
+    debug_assert!(
+        std::any::TypeId::of::<S>() == std::any::TypeId::of::<StoreRef>(),
+        "a call without a store must be typed `None::<StoreRef>`"
+    );
     let mut default = crate::install::default_store();
     (&mut default as &mut dyn std::any::Any)
         .downcast_mut::<Option<S>>()?

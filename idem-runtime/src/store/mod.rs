@@ -624,9 +624,15 @@ pub trait Store: Send + Sync + 'static {
 pub struct StoreRef(Arc<dyn DynStore>);
 
 impl StoreRef {
-    /// Wraps a store.
+    /// Wraps a store (a `StoreRef` is returned as it is, not boxed twice).
     pub fn new<S: Store>(store: S) -> Self {
-        StoreRef(Arc::new(store))
+        let mut store = Some(store);
+        if let Some(shared) =
+            (&mut store as &mut dyn std::any::Any).downcast_mut::<Option<StoreRef>>()
+        {
+            return shared.take().expect("just put there");
+        }
+        StoreRef(Arc::new(store.expect("not taken")))
     }
 
     /// Wraps a shared store, without another allocation.
@@ -889,6 +895,10 @@ impl<T: AsStore + ?Sized> AsStore for &T {
 
     fn as_store(&self) -> T::Store {
         (**self).as_store()
+    }
+
+    fn store_ref(&self) -> StoreRef {
+        (**self).store_ref()
     }
 }
 

@@ -106,6 +106,24 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 /// Expired records are deleted by Redis itself at the end of their ttl, so
 /// [`Store::purge_expired`] has only released records to delete.
 ///
+/// What each operation sends:
+///
+/// - **claim**: one `SET … NX PX … GET` (one round trip); a second,
+///   `reclaim.lua`, only after a release or beside another live owner;
+/// - **complete**: one `SET … IFEQ … PX` where the server has it (Valkey ≥
+///   8.1, Redis ≥ 8.4, learnt at connect), `complete.lua` elsewhere;
+/// - **inspect**: one `EVALSHA inspect.lua` (the value and its expiry
+///   together); **evict**: one fenced `DEL`;
+/// - **purge_expired** and **stats**: walk the store's key prefix with `SCAN`
+///   (on every master of a cluster), pipelined per page: run them from a
+///   sweeper or by hand, never on a request path;
+/// - **claim_recoverable**: indexes the key in its scope (one pipelined `SADD`
+///   and `ZADD` on the `{recovery}` slot), then claims with `reclaim.lua`,
+///   which writes the arguments beside the record: two round trips;
+///   **abandoned** reads the scope's due index (`ZRANGEBYSCORE`) and one
+///   `EVALSHA peek.lua` per entry; **recovery_scopes** names every scope ever
+///   indexed on the prefix (a set that only grows).
+///
 /// ```no_run
 /// use idem_runtime::store::redis::RedisStore;
 ///
