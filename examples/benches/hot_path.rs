@@ -21,14 +21,13 @@
 //! thread, and on a shared, loaded machine CPU time does not count the time
 //! the thread waited for a core.
 
-use idem_runtime::store::Store as _;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use idem_runtime::store::memory::MemoryStore;
-use idem_runtime::store::{AsStore, StoreRef};
+use idem_runtime::store::{AsStore, Store as _, StoreRef};
 use idem_runtime::store::{ClaimRequest, Completion, StoredOutcome, Token};
 use idem_runtime::{Key, idempotent};
 use serde::{Deserialize, Serialize};

@@ -23,8 +23,9 @@ use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Parser, Subcommand};
-use idem_runtime::store::Store as _;
-use idem_runtime::store::{RecordInfo, RecordState, RecordStats, RecoveryInfo, StoredOutcome};
+use idem_runtime::store::{
+    RecordInfo, RecordState, RecordStats, RecoveryInfo, Store as _, StoredOutcome,
+};
 use idem_runtime::{Key, KeySecret};
 use serde_json::{Value, json};
 

@@ -11,8 +11,7 @@ use std::time::Duration;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
 use crate::spec::{Kind, Spec};
-use crate::store::Store as _;
-use crate::store::{StoreRef, Token};
+use crate::store::{Store as _, StoreRef, Token};
 
 tokio::task_local! {
     static FLOW: Flow;

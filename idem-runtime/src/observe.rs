@@ -160,7 +160,7 @@ const CALLS_TOTAL: &str = "idem_calls_total";
 
 /// The site's slot of each key it keeps: an outcome's `idem_calls_total`,
 /// or `idem_claim_seconds` after them.
-const CLAIM_SECONDS_SLOT: usize = 11;
+const CLAIM_SECONDS_SLOT: usize = CallOutcome::ALL.len();
 const _: () = assert!(CLAIM_SECONDS_SLOT + 1 == SITE_KEYS);
 
 /// The slot of an outcome's `idem_calls_total` key: a `match` with no

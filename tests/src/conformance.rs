@@ -8,16 +8,14 @@
 //! instantly; a store that reads a server's clock is waited on in real time,
 //! with durations scaled by [`Subject::unit`].
 
-use idem_runtime::store::Store as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_runtime::protocol::{Kind, Spec, execute};
-use idem_runtime::store::StoreRef;
 use idem_runtime::store::{
-    Claim, ClaimRequest, Completion, RecordState, RecoveryArgs, RecoveryTurn, StoredOutcome,
-    StoredResult, Token, Turn,
+    Claim, ClaimRequest, Completion, RecordState, RecoveryArgs, RecoveryTurn, Store as _, StoreRef,
+    StoredOutcome, StoredResult, Token, Turn,
 };
 use idem_runtime::{Clock as _, Error, Fingerprint, Key, ManualClock};
 

@@ -19,8 +19,7 @@ use tower_service::Service;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
 use crate::protocol::{self, Kind, Spec, StoredForm};
-use crate::store::Store as _;
-use crate::store::{AsStore, StoreRef};
+use crate::store::{AsStore, Store as _, StoreRef};
 
 use super::key::{KeyProblem, KeyRules};
 use super::problem::{NO_CALLER, for_error, problem};

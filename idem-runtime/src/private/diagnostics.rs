@@ -178,7 +178,7 @@ impl<T: StoredForm<M>, E: FromIdemError, M: 'static> WhenTypesHold<T, E, M>
         T: 'a,
         E: 'a,
     {
-        protocol::execute_on::<S, T, M, E, F>(spec, store, key, fingerprint, body)
+        protocol::execute_on::<S, T, M, E, F>(spec, store, key, fingerprint, None, body)
     }
 
     fn execute_recoverable<'a, S, F>(
@@ -196,7 +196,7 @@ impl<T: StoredForm<M>, E: FromIdemError, M: 'static> WhenTypesHold<T, E, M>
         T: 'a,
         E: 'a,
     {
-        protocol::execute_recoverable::<S, T, M, E, F>(spec, store, key, fingerprint, args, body)
+        protocol::execute_on::<S, T, M, E, F>(spec, store, key, fingerprint, Some(args), body)
     }
 
     fn run_step<'a, F>(
@@ -293,6 +293,7 @@ impl<T: StoredForm<M>, E: FromIdemError + StorableError, M: 'static>
             key,
             fingerprint,
             is_final,
+            None,
             body,
         )
     }
@@ -313,13 +314,13 @@ impl<T: StoredForm<M>, E: FromIdemError + StorableError, M: 'static>
         T: 'a,
         E: 'a,
     {
-        protocol::execute_keeping_final_recoverable::<S, T, M, E, F>(
+        protocol::execute_keeping_final_on::<S, T, M, E, F>(
             spec,
             store,
             key,
             fingerprint,
             is_final,
-            args,
+            Some(args),
             body,
         )
     }

@@ -25,8 +25,7 @@ use serde::de::DeserializeOwned;
 use crate::error::{CodecError, Error};
 use crate::flow::{self, FlowContext, Pending};
 use crate::key::Key;
-use crate::store::Store as _;
-use crate::store::{Completion, StoreRef, StoredOutcome, Token};
+use crate::store::{Completion, Store as _, StoreRef, StoredOutcome, Token};
 
 use super::claim::{Acquired, acquire};
 use super::{Cacheable, FromIdemError, ReleaseAll, Spec, run};

@@ -185,17 +185,21 @@ where
     E: FromIdemError,
     F: Future<Output = Result<T, E>>,
 {
-    execute_on::<StoreRef, T, M, E, F>(spec, store, key, fingerprint, body)
+    execute_on::<StoreRef, T, M, E, F>(spec, store, key, fingerprint, None, body)
 }
 
 /// [`execute`] on a store of a known type (what the attribute calls with
 /// `store = …`): the store's futures are polled in place, not boxed.
 /// `None` means the installed default, which only a [`StoreRef`] can be.
+/// With `args` (a call with `recover`), the arguments are stored with the
+/// claim, so a [`Worker`](crate::recovery::Worker) can finish the call if
+/// its caller never comes back (see [`crate::recovery`]).
 pub(crate) fn execute_on<S, T, M, E, F>(
     spec: &Spec,
     store: Option<S>,
     key: Key,
     fingerprint: Option<Fingerprint>,
+    args: Option<CallArgs>,
     body: F,
 ) -> impl Future<Output = Result<T, E>>
 where
@@ -204,27 +208,7 @@ where
     E: FromIdemError,
     F: Future<Output = Result<T, E>>,
 {
-    run::<S, T, M, E, F, ReleaseAll>(spec, store, key, fingerprint, body, ReleaseAll, None)
-}
-
-/// [`execute`] for a call with `recover`: its arguments are stored with the
-/// claim, so a [`Worker`](crate::recovery::Worker) can finish the call if its
-/// caller never comes back (see [`crate::recovery`]).
-pub(crate) fn execute_recoverable<S, T, M, E, F>(
-    spec: &Spec,
-    store: Option<S>,
-    key: Key,
-    fingerprint: Option<Fingerprint>,
-    args: CallArgs,
-    body: F,
-) -> impl Future<Output = Result<T, E>>
-where
-    S: Store + Clone,
-    T: StoredForm<M>,
-    E: FromIdemError,
-    F: Future<Output = Result<T, E>>,
-{
-    run::<S, T, M, E, F, ReleaseAll>(spec, store, key, fingerprint, body, ReleaseAll, Some(args))
+    run::<S, T, M, E, F, ReleaseAll>(spec, store, key, fingerprint, body, ReleaseAll, args)
 }
 
 /// Like [`execute`], but an `Err` for which `is_final` returns `true` is stored
@@ -267,16 +251,26 @@ where
     E: FromIdemError + Serialize + DeserializeOwned,
     F: Future<Output = Result<T, E>>,
 {
-    execute_keeping_final_on::<StoreRef, T, M, E, F>(spec, store, key, fingerprint, is_final, body)
+    execute_keeping_final_on::<StoreRef, T, M, E, F>(
+        spec,
+        store,
+        key,
+        fingerprint,
+        is_final,
+        None,
+        body,
+    )
 }
 
-/// [`execute_keeping_final`] on a store of a known type (see [`execute_on`]).
+/// [`execute_keeping_final`] on a store of a known type, with `recover`'s
+/// arguments if any (see [`execute_on`]).
 pub(crate) fn execute_keeping_final_on<S, T, M, E, F>(
     spec: &Spec,
     store: Option<S>,
     key: Key,
     fingerprint: Option<Fingerprint>,
     is_final: fn(&E) -> bool,
+    args: Option<CallArgs>,
     body: F,
 ) -> impl Future<Output = Result<T, E>>
 where
@@ -294,36 +288,7 @@ where
         fingerprint,
         body,
         KeepFinal(is_final),
-        None,
-    )
-}
-
-/// [`execute_keeping_final`] for a call with `recover` (see
-/// [`execute_recoverable`]).
-pub(crate) fn execute_keeping_final_recoverable<S, T, M, E, F>(
-    spec: &Spec,
-    store: Option<S>,
-    key: Key,
-    fingerprint: Option<Fingerprint>,
-    is_final: fn(&E) -> bool,
-    args: CallArgs,
-    body: F,
-) -> impl Future<Output = Result<T, E>>
-where
-    S: Store + Clone,
-    T: StoredForm<M>,
-    E: FromIdemError + Serialize + DeserializeOwned,
-    F: Future<Output = Result<T, E>>,
-{
-    let body = compensate::settle(body, is_final);
-    run::<S, T, M, E, _, KeepFinal<E>>(
-        spec,
-        store,
-        key,
-        fingerprint,
-        body,
-        KeepFinal(is_final),
-        Some(args),
+        args,
     )
 }
 

@@ -17,8 +17,7 @@ use crate::observe::CallOutcome;
 use crate::protocol::args;
 use crate::protocol::recovering::{self as context, Expectation, Met};
 use crate::protocol::report::{self, Noted};
-use crate::store::Store as _;
-use crate::store::{Abandoned, AsStore, RecoveryTurn, StoreRef, Turn};
+use crate::store::{Abandoned, AsStore, RecoveryTurn, Store as _, StoreRef, Turn};
 
 /// Counts since the worker was built, and what its last pass found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -13,24 +13,42 @@ use crate::error::StoreError;
 use crate::key::{Fingerprint, Key};
 use erased::DynStore;
 
-/// `impl Store` for a handle type whose state is an `Arc` of a store
-/// (`$field: Arc<X>` with `X: Store`): every method forwards to it, and
-/// [`Store::share`] hands out that `Arc` instead of wrapping a clone in a
-/// new one, so a call on the handle allocates nothing to make its steps'
+/// `impl Store` by forwarding every method to another store: for a handle
+/// type whose state is an `Arc` of a store (`forward_store!(MemoryStore =>
+/// inner)`, with `AsStore`), and for `Arc<S>` itself. [`Store::share`]
+/// hands out the `Arc` that is already there instead of wrapping a clone in
+/// a new one, so a call on the handle allocates nothing to make its steps'
 /// [`StoreRef`].
 macro_rules! forward_store {
     ($handle:ty => $field:ident) => {
-        impl $crate::store::Store for $handle {
+        forward_store!(
+            @impl [] $handle, this => &*this.$field,
+            share: $crate::store::StoreRef::from_arc(::std::sync::Arc::clone(&this.$field))
+        );
+
+        impl $crate::store::AsStore for $handle {
+            type Store = $handle;
+
+            fn as_store(&self) -> $handle {
+                self.clone()
+            }
+        }
+    };
+    (@impl [$($g:tt)*] $ty:ty, $this:ident => $target:expr, share: $share:expr) => {
+        impl<$($g)*> $crate::store::Store for $ty {
             fn backend(&self) -> &'static str {
-                $crate::store::Store::backend(&*self.$field)
+                let $this = self;
+                $crate::store::Store::backend($target)
             }
 
             fn max_result_bytes(&self) -> usize {
-                $crate::store::Store::max_result_bytes(&*self.$field)
+                let $this = self;
+                $crate::store::Store::max_result_bytes($target)
             }
 
             fn share(&self) -> $crate::store::StoreRef {
-                $crate::store::StoreRef::from_arc(::std::sync::Arc::clone(&self.$field))
+                let $this = self;
+                $share
             }
 
             fn claim(
@@ -38,7 +56,8 @@ macro_rules! forward_store {
                 req: $crate::store::ClaimRequest<'_>,
             ) -> impl ::std::future::Future<Output = Result<$crate::store::Claim, $crate::StoreError>>
             + Send {
-                $crate::store::Store::claim(&*self.$field, req)
+                let $this = self;
+                $crate::store::Store::claim($target, req)
             }
 
             fn complete(
@@ -47,7 +66,8 @@ macro_rules! forward_store {
                 token: $crate::store::Token,
                 completion: $crate::store::Completion<'_>,
             ) -> impl ::std::future::Future<Output = Result<bool, $crate::StoreError>> + Send {
-                $crate::store::Store::complete(&*self.$field, key, token, completion)
+                let $this = self;
+                $crate::store::Store::complete($target, key, token, completion)
             }
 
             fn release(
@@ -55,7 +75,8 @@ macro_rules! forward_store {
                 key: &$crate::Key,
                 token: $crate::store::Token,
             ) -> impl ::std::future::Future<Output = Result<bool, $crate::StoreError>> + Send {
-                $crate::store::Store::release(&*self.$field, key, token)
+                let $this = self;
+                $crate::store::Store::release($target, key, token)
             }
 
             fn renew(
@@ -64,7 +85,8 @@ macro_rules! forward_store {
                 token: $crate::store::Token,
                 lease: ::std::time::Duration,
             ) -> impl ::std::future::Future<Output = Result<bool, $crate::StoreError>> + Send {
-                $crate::store::Store::renew(&*self.$field, key, token, lease)
+                let $this = self;
+                $crate::store::Store::renew($target, key, token, lease)
             }
 
             fn inspect(
@@ -73,21 +95,24 @@ macro_rules! forward_store {
             ) -> impl ::std::future::Future<
                 Output = Result<Option<$crate::store::RecordInfo>, $crate::StoreError>,
             > + Send {
-                $crate::store::Store::inspect(&*self.$field, key)
+                let $this = self;
+                $crate::store::Store::inspect($target, key)
             }
 
             fn evict(
                 &self,
                 key: &$crate::Key,
             ) -> impl ::std::future::Future<Output = Result<bool, $crate::StoreError>> + Send {
-                $crate::store::Store::evict(&*self.$field, key)
+                let $this = self;
+                $crate::store::Store::evict($target, key)
             }
 
             fn purge_expired(
                 &self,
                 limit: usize,
             ) -> impl ::std::future::Future<Output = Result<u64, $crate::StoreError>> + Send {
-                $crate::store::Store::purge_expired(&*self.$field, limit)
+                let $this = self;
+                $crate::store::Store::purge_expired($target, limit)
             }
 
             fn stats(
@@ -95,7 +120,8 @@ macro_rules! forward_store {
             ) -> impl ::std::future::Future<
                 Output = Result<$crate::store::RecordStats, $crate::StoreError>,
             > + Send {
-                $crate::store::Store::stats(&*self.$field)
+                let $this = self;
+                $crate::store::Store::stats($target)
             }
 
             fn claim_recoverable(
@@ -104,14 +130,16 @@ macro_rules! forward_store {
                 recovery: $crate::store::RecoveryArgs<'_>,
             ) -> impl ::std::future::Future<Output = Result<$crate::store::Claim, $crate::StoreError>>
             + Send {
-                $crate::store::Store::claim_recoverable(&*self.$field, req, recovery)
+                let $this = self;
+                $crate::store::Store::claim_recoverable($target, req, recovery)
             }
 
             fn recovery_scopes(
                 &self,
             ) -> impl ::std::future::Future<Output = Result<Vec<String>, $crate::StoreError>> + Send
             {
-                $crate::store::Store::recovery_scopes(&*self.$field)
+                let $this = self;
+                $crate::store::Store::recovery_scopes($target)
             }
 
             fn abandoned(
@@ -121,7 +149,8 @@ macro_rules! forward_store {
             ) -> impl ::std::future::Future<
                 Output = Result<Vec<$crate::store::Abandoned>, $crate::StoreError>,
             > + Send {
-                $crate::store::Store::abandoned(&*self.$field, scope, limit)
+                let $this = self;
+                $crate::store::Store::abandoned($target, scope, limit)
             }
 
             fn take_recovery(
@@ -130,7 +159,8 @@ macro_rules! forward_store {
                 turn: $crate::store::RecoveryTurn<'_>,
             ) -> impl ::std::future::Future<Output = Result<$crate::store::Turn, $crate::StoreError>>
             + Send {
-                $crate::store::Store::take_recovery(&*self.$field, key, turn)
+                let $this = self;
+                $crate::store::Store::take_recovery($target, key, turn)
             }
 
             fn recovery_info(
@@ -139,24 +169,19 @@ macro_rules! forward_store {
             ) -> impl ::std::future::Future<
                 Output = Result<Option<$crate::store::RecoveryInfo>, $crate::StoreError>,
             > + Send {
-                $crate::store::Store::recovery_info(&*self.$field, key)
+                let $this = self;
+                $crate::store::Store::recovery_info($target, key)
             }
 
             fn retry_recovery(
                 &self,
                 key: &$crate::Key,
             ) -> impl ::std::future::Future<Output = Result<bool, $crate::StoreError>> + Send {
-                $crate::store::Store::retry_recovery(&*self.$field, key)
+                let $this = self;
+                $crate::store::Store::retry_recovery($target, key)
             }
         }
 
-        impl $crate::store::AsStore for $handle {
-            type Store = $handle;
-
-            fn as_store(&self) -> $handle {
-                self.clone()
-            }
-        }
     };
 }
 
@@ -736,112 +761,9 @@ impl Store for StoreRef {
     }
 }
 
-/// A shared store is a store: `Arc<RedisStore>` goes wherever a store does,
-/// and its calls are not boxed.
-impl<S: Store> Store for Arc<S> {
-    fn backend(&self) -> &'static str {
-        S::backend(self)
-    }
-
-    fn max_result_bytes(&self) -> usize {
-        S::max_result_bytes(self)
-    }
-
-    fn claim(
-        &self,
-        req: ClaimRequest<'_>,
-    ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
-        S::claim(self, req)
-    }
-
-    fn complete(
-        &self,
-        key: &Key,
-        token: Token,
-        completion: Completion<'_>,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        S::complete(self, key, token, completion)
-    }
-
-    fn release(
-        &self,
-        key: &Key,
-        token: Token,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        S::release(self, key, token)
-    }
-
-    fn renew(
-        &self,
-        key: &Key,
-        token: Token,
-        lease: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        S::renew(self, key, token, lease)
-    }
-
-    fn inspect(
-        &self,
-        key: &Key,
-    ) -> impl Future<Output = Result<Option<RecordInfo>, StoreError>> + Send {
-        S::inspect(self, key)
-    }
-
-    fn evict(&self, key: &Key) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        S::evict(self, key)
-    }
-
-    fn purge_expired(&self, limit: usize) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        S::purge_expired(self, limit)
-    }
-
-    fn stats(&self) -> impl Future<Output = Result<RecordStats, StoreError>> + Send {
-        S::stats(self)
-    }
-
-    fn claim_recoverable(
-        &self,
-        req: ClaimRequest<'_>,
-        recovery: RecoveryArgs<'_>,
-    ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
-        S::claim_recoverable(self, req, recovery)
-    }
-
-    fn recovery_scopes(&self) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send {
-        S::recovery_scopes(self)
-    }
-
-    fn abandoned(
-        &self,
-        scope: &str,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<Abandoned>, StoreError>> + Send {
-        S::abandoned(self, scope, limit)
-    }
-
-    fn take_recovery(
-        &self,
-        key: &Key,
-        turn: RecoveryTurn<'_>,
-    ) -> impl Future<Output = Result<Turn, StoreError>> + Send {
-        S::take_recovery(self, key, turn)
-    }
-
-    fn recovery_info(
-        &self,
-        key: &Key,
-    ) -> impl Future<Output = Result<Option<RecoveryInfo>, StoreError>> + Send {
-        S::recovery_info(self, key)
-    }
-
-    fn retry_recovery(&self, key: &Key) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        S::retry_recovery(self, key)
-    }
-
-    fn share(&self) -> StoreRef {
-        StoreRef(self.clone())
-    }
-}
+// A shared store is a store: `Arc<RedisStore>` goes wherever a store does,
+// and its calls are not boxed.
+forward_store!(@impl [S: Store] Arc<S>, this => &**this, share: StoreRef::from_arc(Arc::clone(this)));
 
 /// Anything the `store = …` option may name: a store, an `Arc` of one, a
 /// reference to one, or a [`StoreRef`].
@@ -907,6 +829,22 @@ mod tests {
     use std::collections::HashSet;
 
     use super::Token;
+
+    /// Wrapping a `StoreRef` hands it back: a second box would make every
+    /// call through it box twice.
+    #[test]
+    fn a_store_ref_wrapped_again_is_the_same_store_ref() {
+        let once = super::StoreRef::new(super::memory::MemoryStore::new());
+        let again = super::StoreRef::new(once.clone());
+        assert!(std::sync::Arc::ptr_eq(&once.0, &again.0));
+        let shared = std::sync::Arc::new(super::memory::MemoryStore::new());
+        let from_arc = super::StoreRef::from_arc(shared.clone());
+        // `from_arc` shares the `Arc` it is given (the data pointers agree).
+        assert!(std::ptr::eq(
+            std::sync::Arc::as_ptr(&from_arc.0) as *const u8,
+            std::sync::Arc::as_ptr(&shared) as *const u8
+        ));
+    }
 
     /// Each thread seeds its own generator: threads seeded alike would hand
     /// out each other's tokens, and two owners would pass each other's fence.

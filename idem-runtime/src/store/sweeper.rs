@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use crate::store::Store as _;
-use crate::store::StoreRef;
+use crate::store::{Store as _, StoreRef};
 
 /// Spawns a task that deletes expired and released records every `every`,
 /// `batch` at a time, so no single statement locks or deletes much.

@@ -28,7 +28,7 @@ use super::dialect::Dialect;
 use super::record::{Record, Upserted, Won, claimed_state, millis, released_up_to};
 use super::recovery;
 use super::schema_migrations;
-use super::store::{Core, Settings, connect_pool, server_location, sql_store, tx_connection};
+use super::store::{Core, Settings, connect_pool, server_location, tx_connection};
 use crate::clock::{Clock, SystemClock};
 use crate::error::StoreError;
 use crate::key::Key;
@@ -615,7 +615,7 @@ fn location(options: &MySqlConnectOptions) -> String {
     )
 }
 
-sql_store!(MySqlStore);
+forward_store!(MySqlStore => core);
 
 tx_connection! {
     /// Claims inside the caller's MySQL/MariaDB transaction

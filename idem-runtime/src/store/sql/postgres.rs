@@ -19,7 +19,7 @@ use super::dialect::Dialect;
 use super::record::{Record, Upserted, Won, claimed_state, millis, released_up_to};
 use super::recovery;
 use super::schema_migrations;
-use super::store::{Core, Settings, connect_pool, server_location, sql_store, tx_connection};
+use super::store::{Core, Settings, connect_pool, server_location, tx_connection};
 use crate::clock::{Clock, SystemClock};
 use crate::error::StoreError;
 use crate::key::Key;
@@ -576,7 +576,7 @@ impl PgStore {
     }
 }
 
-sql_store!(PgStore);
+forward_store!(PgStore => core);
 
 tx_connection! {
     /// Claims on the caller's connection, inside whatever transaction it has open:

@@ -17,7 +17,7 @@ use super::dialect::Dialect;
 use super::record::{Record, Upserted, Won, claimed_state, millis, released_up_to};
 use super::recovery;
 use super::schema_migrations;
-use super::store::{Core, Settings, sql_store, tx_connection};
+use super::store::{Core, Settings, tx_connection};
 use crate::clock::{Clock, SystemClock};
 use crate::error::StoreError;
 use crate::key::Key;
@@ -367,7 +367,7 @@ impl SqliteStore {
     }
 }
 
-sql_store!(SqliteStore);
+forward_store!(SqliteStore => core);
 
 tx_connection! {
     /// Claims inside the caller's SQLite transaction (`#[idempotent(tx = tx)]`).

@@ -1,7 +1,8 @@
 //! The SQL stores' shared half: the claim loop and completion written once
-//! over a [`Dialect`]'s steps, the pool path with its retries, errors, and the
-//! `Store` / `TxConnection` forwarding each dialect's types get from
-//! [`sql_store!`] and [`tx_connection!`].
+//! over a [`Dialect`]'s steps, the pool path with its retries, errors, the
+//! `Store` every dialect's store forwards to (`Core`, behind the `Arc` its
+//! handle holds), and the `TxConnection` each dialect's connection gets from
+//! [`tx_connection!`].
 
 use std::future::Future;
 use std::sync::Arc;
@@ -211,15 +212,28 @@ impl<D: Dialect> Core<D> {
             }
         }
     }
+}
 
-    pub(crate) async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+/// Every dialect's store is one `Core` behind an `Arc` (the handle types
+/// forward to it): the algorithm once, each dialect's statements through
+/// [`Dialect`].
+impl<D: Dialect> crate::store::Store for Core<D> {
+    fn backend(&self) -> &'static str {
+        D::BACKEND
+    }
+
+    fn max_result_bytes(&self) -> usize {
+        self.max_result_bytes
+    }
+
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         self.retrying(|| async move {
             claim_on::<D>(&mut *self.conn().await?, &*self.clock, req, None).await
         })
         .await
     }
 
-    pub(crate) async fn complete(
+    async fn complete(
         &self,
         key: &Key,
         token: Token,
@@ -238,19 +252,14 @@ impl<D: Dialect> Core<D> {
         .await
     }
 
-    pub(crate) async fn release(&self, key: &Key, token: Token) -> Result<bool, StoreError> {
+    async fn release(&self, key: &Key, token: Token) -> Result<bool, StoreError> {
         self.retrying(|| async move {
             D::release(&mut *self.conn().await?, &*self.clock, key, token, false).await
         })
         .await
     }
 
-    pub(crate) async fn renew(
-        &self,
-        key: &Key,
-        token: Token,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
+    async fn renew(&self, key: &Key, token: Token, lease: Duration) -> Result<bool, StoreError> {
         self.retrying(|| async move {
             D::renew(&mut *self.conn().await?, &*self.clock, key, token, lease).await
         })
@@ -258,7 +267,7 @@ impl<D: Dialect> Core<D> {
     }
 
     /// A plain read takes no lock, so there is nothing to retry.
-    pub(crate) async fn inspect(&self, key: &Key) -> Result<Option<RecordInfo>, StoreError> {
+    async fn inspect(&self, key: &Key) -> Result<Option<RecordInfo>, StoreError> {
         let read = async {
             match D::read(&mut *self.conn().await?, &*self.clock, key).await? {
                 Some(record) => record.info(),
@@ -268,7 +277,7 @@ impl<D: Dialect> Core<D> {
         read.await.map_err(|e| self.err(e))
     }
 
-    pub(crate) async fn evict(&self, key: &Key) -> Result<bool, StoreError> {
+    async fn evict(&self, key: &Key) -> Result<bool, StoreError> {
         let nobody = Token::random();
         self.retrying(|| async move {
             D::evict(&mut *self.conn().await?, &*self.clock, key, nobody).await
@@ -280,7 +289,7 @@ impl<D: Dialect> Core<D> {
     /// purge that still fails is the sweeper's to run again next round, not
     /// something to hold a connection for now. The rows of `idem_recovery`
     /// that no longer count go in the same round, and are not in the count.
-    pub(crate) async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError> {
+    async fn purge_expired(&self, limit: usize) -> Result<u64, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let purge = async {
             let mut conn = self.conn().await?;
@@ -293,7 +302,7 @@ impl<D: Dialect> Core<D> {
 
     /// The claim and the arguments in one transaction: both are there, or
     /// neither.
-    pub(crate) async fn claim_recoverable(
+    async fn claim_recoverable(
         &self,
         req: ClaimRequest<'_>,
         recovery: RecoveryArgs<'_>,
@@ -311,28 +320,20 @@ impl<D: Dialect> Core<D> {
     }
 
     /// Plain reads: nothing to retry.
-    pub(crate) async fn recovery_scopes(&self) -> Result<Vec<String>, StoreError> {
+    async fn recovery_scopes(&self) -> Result<Vec<String>, StoreError> {
         let read = async { D::recovery_scopes(&mut *self.conn().await?, &*self.clock).await };
         let scopes = read.await.map_err(|e| self.err(e))?;
         Ok(scopes.into_iter().map(super::recovery::text).collect())
     }
 
-    pub(crate) async fn abandoned(
-        &self,
-        scope: &str,
-        limit: usize,
-    ) -> Result<Vec<Abandoned>, StoreError> {
+    async fn abandoned(&self, scope: &str, limit: usize) -> Result<Vec<Abandoned>, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let read =
             async { D::abandoned(&mut *self.conn().await?, &*self.clock, scope, limit).await };
         read.await.map_err(|e| self.err(e))
     }
 
-    pub(crate) async fn take_recovery(
-        &self,
-        key: &Key,
-        turn: RecoveryTurn<'_>,
-    ) -> Result<Turn, StoreError> {
+    async fn take_recovery(&self, key: &Key, turn: RecoveryTurn<'_>) -> Result<Turn, StoreError> {
         self.retrying(|| async move {
             let mut tx = self.pool.begin().await?;
             let taken = D::take_recovery(&mut tx, &*self.clock, key, turn).await?;
@@ -342,25 +343,20 @@ impl<D: Dialect> Core<D> {
         .await
     }
 
-    pub(crate) async fn recovery_info(
-        &self,
-        key: &Key,
-    ) -> Result<Option<RecoveryInfo>, StoreError> {
+    async fn recovery_info(&self, key: &Key) -> Result<Option<RecoveryInfo>, StoreError> {
         let read = async { D::recovery_info(&mut *self.conn().await?, &*self.clock, key).await };
         read.await.map_err(|e| self.err(e))
     }
 
-    pub(crate) async fn retry_recovery(&self, key: &Key) -> Result<bool, StoreError> {
+    async fn retry_recovery(&self, key: &Key) -> Result<bool, StoreError> {
         self.retrying(|| async move {
             D::retry_recovery(&mut *self.conn().await?, &*self.clock, key).await
         })
         .await
     }
-}
 
-impl<D: Dialect> Core<D> {
-    /// A plain read: nothing to retry.
-    pub(crate) async fn stats(&self) -> Result<crate::store::RecordStats, StoreError> {
+    async fn stats(&self) -> Result<crate::store::RecordStats, StoreError> {
+        // A plain read: nothing to retry.
         let count = async { D::stats(&mut *self.conn().await?, &*self.clock).await };
         count.await.map_err(|e| self.err(e))
     }
@@ -480,117 +476,6 @@ mod server {
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use server::{connect_pool, server_location};
 
-/// Every dialect's store is one `Core` behind an `Arc`: the algorithm once,
-/// each dialect's statements through [`Dialect`].
-impl<D: Dialect> crate::store::Store for Core<D> {
-    fn backend(&self) -> &'static str {
-        Core::backend(self)
-    }
-
-    fn max_result_bytes(&self) -> usize {
-        self.max_result_bytes
-    }
-
-    async fn claim(
-        &self,
-        req: crate::store::ClaimRequest<'_>,
-    ) -> Result<crate::store::Claim, crate::StoreError> {
-        Core::claim(self, req).await
-    }
-
-    async fn complete(
-        &self,
-        key: &crate::Key,
-        token: crate::store::Token,
-        completion: crate::store::Completion<'_>,
-    ) -> Result<bool, crate::StoreError> {
-        Core::complete(self, key, token, completion).await
-    }
-
-    async fn release(
-        &self,
-        key: &crate::Key,
-        token: crate::store::Token,
-    ) -> Result<bool, crate::StoreError> {
-        Core::release(self, key, token).await
-    }
-
-    async fn renew(
-        &self,
-        key: &crate::Key,
-        token: crate::store::Token,
-        lease: std::time::Duration,
-    ) -> Result<bool, crate::StoreError> {
-        Core::renew(self, key, token, lease).await
-    }
-
-    async fn inspect(
-        &self,
-        key: &crate::Key,
-    ) -> Result<Option<crate::store::RecordInfo>, crate::StoreError> {
-        Core::inspect(self, key).await
-    }
-
-    async fn evict(&self, key: &crate::Key) -> Result<bool, crate::StoreError> {
-        Core::evict(self, key).await
-    }
-
-    async fn purge_expired(&self, limit: usize) -> Result<u64, crate::StoreError> {
-        Core::purge_expired(self, limit).await
-    }
-
-    async fn stats(&self) -> Result<crate::store::RecordStats, crate::StoreError> {
-        Core::stats(self).await
-    }
-
-    async fn claim_recoverable(
-        &self,
-        req: crate::store::ClaimRequest<'_>,
-        recovery: crate::store::RecoveryArgs<'_>,
-    ) -> Result<crate::store::Claim, crate::StoreError> {
-        Core::claim_recoverable(self, req, recovery).await
-    }
-
-    async fn recovery_scopes(&self) -> Result<Vec<String>, crate::StoreError> {
-        Core::recovery_scopes(self).await
-    }
-
-    async fn abandoned(
-        &self,
-        scope: &str,
-        limit: usize,
-    ) -> Result<Vec<crate::store::Abandoned>, crate::StoreError> {
-        Core::abandoned(self, scope, limit).await
-    }
-
-    async fn take_recovery(
-        &self,
-        key: &crate::Key,
-        turn: crate::store::RecoveryTurn<'_>,
-    ) -> Result<crate::store::Turn, crate::StoreError> {
-        Core::take_recovery(self, key, turn).await
-    }
-
-    async fn recovery_info(
-        &self,
-        key: &crate::Key,
-    ) -> Result<Option<crate::store::RecoveryInfo>, crate::StoreError> {
-        Core::recovery_info(self, key).await
-    }
-
-    async fn retry_recovery(&self, key: &crate::Key) -> Result<bool, crate::StoreError> {
-        Core::retry_recovery(self, key).await
-    }
-}
-
-/// `impl Store` and `AsStore` for a dialect's store type, forwarding to its
-/// `core: Arc<Core<D>>` field.
-macro_rules! sql_store {
-    ($store:ty) => {
-        forward_store!($store => core);
-    };
-}
-
 /// `impl TxConnection` for a dialect's connection: the same steps as its
 /// store, on the caller's connection, never retried (a lost deadlock has
 /// rolled the caller's transaction back), on `$clock`.
@@ -654,13 +539,7 @@ macro_rules! tx_connection {
     };
 }
 
-pub(crate) use {sql_store, tx_connection};
-
-impl<D: Dialect> Core<D> {
-    pub(crate) fn backend(&self) -> &'static str {
-        D::BACKEND
-    }
-}
+pub(crate) use tx_connection;
 
 #[cfg(test)]
 mod tests {
