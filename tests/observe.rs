@@ -135,3 +135,72 @@ fn calls_are_counted_by_outcome_scope_and_kind() {
         "replayed calls never reach their steps"
     );
 }
+
+/// The HTTP layer finds its scope's metric keys once, when it is built: two
+/// layers of one scope count together, and a layer of another scope counts
+/// apart, whichever was built first.
+#[test]
+fn the_http_layer_counts_its_calls_under_its_own_scope() {
+    use axum::Router;
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use axum::routing::post;
+    use idem_runtime::http::IdempotencyLayer;
+    use tower::ServiceExt;
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let store = MemoryStore::new();
+    let app = |scope| {
+        Router::new()
+            .route("/orders", post(|| async { (StatusCode::CREATED, "made") }))
+            .layer(IdempotencyLayer::new().store(store.clone()).scope(scope))
+    };
+    let send = |app: Router, key: &str| {
+        let req = Request::post("/orders")
+            .header("idempotency-key", key)
+            .body(Body::empty())
+            .unwrap();
+        async move { app.oneshot(req).await.unwrap().status() }
+    };
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            assert_eq!(
+                send(app("observe.http.a"), "k-1").await,
+                StatusCode::CREATED
+            );
+            assert_eq!(
+                send(app("observe.http.a"), "k-1").await,
+                StatusCode::CREATED
+            );
+            assert_eq!(
+                send(app("observe.http.b"), "k-1").await,
+                StatusCode::CREATED
+            );
+            assert_eq!(
+                send(app("observe.http.b"), "k-2").await,
+                StatusCode::CREATED
+            );
+        });
+    });
+    let snapshot = snapshotter.snapshot().into_vec();
+    let calls = |scope, outcome| {
+        counter(
+            &snapshot,
+            "idem_calls_total",
+            &[("scope", scope), ("kind", "call"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(calls("observe.http.a", "executed"), 1);
+    assert_eq!(calls("observe.http.a", "replayed"), 1);
+    assert_eq!(
+        calls("observe.http.b", "executed"),
+        2,
+        "k-1 again, in another scope"
+    );
+    assert_eq!(calls("observe.http.b", "replayed"), 0);
+}

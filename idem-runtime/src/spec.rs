@@ -2,13 +2,14 @@
 //! as a constant and what code without the macros passes to
 //! [`crate::protocol::execute`].
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::OnceLock;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 /// What kind of call a [`Spec`] describes: it picks metric names and defaults.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
     /// A request handler or any other call.
     Call,
@@ -149,3 +150,36 @@ impl PartialEq for CallSite {
 }
 
 impl Eq for CallSite {}
+
+/// The call site shared by everything in this process that runs calls of
+/// `scope` and `kind` without an attribute's own `static` (the HTTP layer):
+/// asked for once when such a caller is built, never per call. One is made
+/// per scope and kind, and kept for the life of the process, as the
+/// attribute's are; what it caches depends on nothing but those two.
+pub(crate) fn shared_site(scope: &'static str, kind: Kind) -> &'static CallSite {
+    static SITES: Mutex<Option<HashMap<(&'static str, Kind), &'static CallSite>>> =
+        Mutex::new(None);
+    let mut sites = SITES
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    sites
+        .get_or_insert_with(HashMap::new)
+        .entry((scope, kind))
+        .or_insert_with(|| Box::leak(Box::new(CallSite::new())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_shared_site_per_scope_and_kind() {
+        let a = shared_site("spec::tests::a", Kind::Call);
+        assert!(std::ptr::eq(a, shared_site("spec::tests::a", Kind::Call)));
+        // The same text from another allocation is the same scope.
+        let again: &'static str = String::from("spec::tests::a").leak();
+        assert!(std::ptr::eq(a, shared_site(again, Kind::Call)));
+        assert!(!std::ptr::eq(a, shared_site("spec::tests::b", Kind::Call)));
+        assert!(!std::ptr::eq(a, shared_site("spec::tests::a", Kind::Step)));
+    }
+}

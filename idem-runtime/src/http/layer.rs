@@ -1,5 +1,6 @@
 //! The `Idempotency-Key` tower layer.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -19,6 +20,7 @@ use tower_service::Service;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
 use crate::protocol::{self, Kind, Spec, StoredForm};
+use crate::spec::shared_site;
 use crate::store::{AsStore, Store as _, StoreRef};
 
 use super::key::{KeyProblem, KeyRules};
@@ -142,7 +144,7 @@ impl IdempotencyLayer {
         IdempotencyLayer {
             config: Arc::new(Config {
                 store: None,
-                spec: Spec::new("http", Kind::Call),
+                spec: Spec::new("http", Kind::Call).site(shared_site("http", Kind::Call)),
                 methods: vec![Method::POST, Method::PATCH],
                 required: true,
                 rules: KeyRules::default(),
@@ -173,7 +175,12 @@ impl IdempotencyLayer {
 
     /// The namespace of the keys; give each route or service its own.
     pub fn scope(self, scope: &'static str) -> Self {
-        self.with(|c| c.spec.scope = scope)
+        // The scope's metric keys and call durations, found here rather
+        // than on every request.
+        self.with(|c| {
+            c.spec.scope = scope;
+            c.spec.site = Some(shared_site(scope, c.spec.kind));
+        })
     }
 
     /// How long a response is kept for replays (default 24 h; Stripe keeps 24 h).
@@ -348,6 +355,11 @@ enum Recorded {
     Replay(Response<Full<Bytes>>),
 }
 
+// Only a body's result is stored; a replay comes from a record.
+fn not_stored_again() -> serde_json::Error {
+    serde::ser::Error::custom("a replayed response is not stored again")
+}
+
 /// The [`StoredForm`] marker of [`Recorded`]: its record is the stored form
 /// of `stored.rs`, as it was when the layer stored that directly.
 enum ViaLayer {}
@@ -356,10 +368,14 @@ impl StoredForm<ViaLayer> for Recorded {
     fn to_stored(&self) -> Result<Vec<u8>, serde_json::Error> {
         match self {
             Recorded::First { encoded, .. } => Ok(encoded.clone()),
-            // Only a body's result is stored; a replay comes from a record.
-            Recorded::Replay(_) => Err(serde::ser::Error::custom(
-                "a replayed response is not stored again",
-            )),
+            Recorded::Replay(_) => Err(not_stored_again()),
+        }
+    }
+
+    fn stored_bytes(&self) -> Result<Cow<'_, [u8]>, serde_json::Error> {
+        match self {
+            Recorded::First { encoded, .. } => Ok(Cow::Borrowed(encoded)),
+            Recorded::Replay(_) => Err(not_stored_again()),
         }
     }
 

@@ -75,6 +75,13 @@ pub trait StoredForm<M>: Sized {
     fn to_stored(&self) -> Result<Vec<u8>, serde_json::Error>;
     /// The value rebuilt from a record, for a duplicate.
     fn from_stored(bytes: &[u8]) -> Result<Self, serde_json::Error>;
+    /// The bytes stored in the record, borrowed when the value already holds
+    /// them (the HTTP layer encodes the response before the protocol stores
+    /// it): what the protocol calls, so that form is not copied once more.
+    #[doc(hidden)]
+    fn stored_bytes(&self) -> Result<std::borrow::Cow<'_, [u8]>, serde_json::Error> {
+        self.to_stored().map(std::borrow::Cow::Owned)
+    }
 }
 
 /// The [`StoredForm`] marker of serde types: their JSON.

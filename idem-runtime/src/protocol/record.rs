@@ -2,6 +2,8 @@
 //! saying why it could not be stored), or release the claim on a retryable
 //! `Err`; on a store, or on the caller's transaction.
 
+use std::borrow::Cow;
+
 use serde::Serialize;
 
 use crate::error::{CodecError, Error};
@@ -111,12 +113,12 @@ where
     R: Recorder + ?Sized,
 {
     let (outcome, payload) = match &out {
-        Ok(value) => match value.to_stored() {
+        Ok(value) => match value.stored_bytes() {
             Ok(bytes) => (StoredOutcome::Success, bytes),
             Err(e) => unencodable(&e),
         },
         Err(err) => match policy.keep(err) {
-            Some(Ok(bytes)) => (StoredOutcome::FinalError, bytes),
+            Some(Ok(bytes)) => (StoredOutcome::FinalError, Cow::Owned(bytes)),
             Some(Err(e)) => unencodable(&e),
             None => {
                 report::call(spec, CallOutcome::Failed);
@@ -181,7 +183,7 @@ where
     out
 }
 
-fn unencodable(e: &serde_json::Error) -> (StoredOutcome, Vec<u8>) {
+fn unencodable(e: &serde_json::Error) -> (StoredOutcome, Cow<'static, [u8]>) {
     let source = CodecError::encoding(e);
     tracing::error!(error = %source, "the result does not encode; duplicates will get a codec error");
     unstored(Unstored::EncodeFailed {
@@ -189,7 +191,7 @@ fn unencodable(e: &serde_json::Error) -> (StoredOutcome, Vec<u8>) {
     })
 }
 
-fn unstored(why: Unstored) -> (StoredOutcome, Vec<u8>) {
+fn unstored(why: Unstored) -> (StoredOutcome, Cow<'static, [u8]>) {
     let payload = serde_json::to_vec(&why).expect("Unstored always encodes");
-    (StoredOutcome::Unstored, payload)
+    (StoredOutcome::Unstored, Cow::Owned(payload))
 }
