@@ -2,10 +2,9 @@
 //! as a constant and what code without the macros passes to
 //! [`crate::protocol::execute`].
 
-use std::collections::HashMap;
 use std::fmt;
+use std::sync::OnceLock;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 /// What kind of call a [`Spec`] describes: it picks metric names and defaults.
@@ -156,7 +155,11 @@ impl Eq for CallSite {}
 /// asked for once when such a caller is built, never per call. One is made
 /// per scope and kind, and kept for the life of the process, as the
 /// attribute's are; what it caches depends on nothing but those two.
+#[cfg(feature = "http")]
 pub(crate) fn shared_site(scope: &'static str, kind: Kind) -> &'static CallSite {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
     static SITES: Mutex<Option<HashMap<(&'static str, Kind), &'static CallSite>>> =
         Mutex::new(None);
     let mut sites = SITES
@@ -168,7 +171,7 @@ pub(crate) fn shared_site(scope: &'static str, kind: Kind) -> &'static CallSite 
         .or_insert_with(|| Box::leak(Box::new(CallSite::new())))
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "http"))]
 mod tests {
     use super::*;
 
