@@ -31,6 +31,11 @@
 //! of `max(c, 10)` with `double_ack` (the ack the server confirms, as idem's).
 //! Rounds alternate which side goes first; cells are medians.
 //!
+//! Each cell also gives the CPU a message cost, this process's (both sides'
+//! consumers and clients) and PostgreSQL's (every `postgres` process): where
+//! a commit waits on a slow disk, the rate follows the disk and the CPU
+//! still tells the sides apart.
+//!
 //! Machines are noisy: read the ratios, not the absolute numbers.
 
 use std::str::FromStr;
@@ -490,24 +495,51 @@ async fn cell(
     c: usize,
     n: u64,
     tag: &str,
-) -> Result<f64, BoxError> {
+) -> Result<Measured, BoxError> {
     for t in ["bench_settlements", "bench_dedup", "idem_records"] {
         sqlx::query(&format!("TRUNCATE {t}")).execute(pool).await?;
     }
     let topic = format!("IDEM_BENCH_CONSUMERS_{tag}");
     let run = tag.to_lowercase();
     brokers.fill(broker, &topic, &run, n).await?;
+    let (client, server) = (process_cpu(), cpu_of_processes("postgres"));
     let elapsed = match side {
         Side::Idem => brokers.idem(broker, &topic, pool, c, n, true).await,
         Side::Runner => brokers.idem(broker, &topic, pool, c, n, false).await,
         Side::Reference => brokers.reference(broker, &topic, pool, c, n).await,
+    };
+    let per_message = |cpu: Duration| cpu.as_secs_f64() * 1e6 / n as f64;
+    let measured = Measured {
+        rate: n as f64 / elapsed.as_secs_f64(),
+        client_us: per_message(process_cpu() - client),
+        postgres_us: per_message(cpu_of_processes("postgres").saturating_sub(server)),
     };
     let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM bench_settlements")
         .fetch_one(pool)
         .await?;
     assert_eq!(rows as u64, n, "one settlement per message");
     brokers.clear(broker, &topic).await?;
-    Ok(n as f64 / elapsed.as_secs_f64())
+    Ok(measured)
+}
+
+/// One cell: messages a second, and the CPU a message cost this process
+/// (the consumer, both sides' broker clients, sqlx) and PostgreSQL (every
+/// `postgres` process: backends, WAL writer). CPU moves less than the rate
+/// when the disk sets the pace of commits.
+struct Measured {
+    rate: f64,
+    client_us: f64,
+    postgres_us: f64,
+}
+
+/// The medians of a side's rounds.
+fn medians(cells: &[Measured]) -> Measured {
+    let of = |f: fn(&Measured) -> f64| median(cells.iter().map(f).collect());
+    Measured {
+        rate: of(|m| m.rate),
+        client_us: of(|m| m.client_us),
+        postgres_us: of(|m| m.postgres_us),
+    }
 }
 
 async fn bench() -> Result<(), BoxError> {
@@ -559,7 +591,7 @@ async fn bench() -> Result<(), BoxError> {
         "{n} messages per cell, one PostgreSQL transaction each; median of {rounds} round(s); msgs/s"
     );
     println!(
-        "{:<18} {:>3} {:>12} {:>9} {:>15} {:>16} {:>9} {:>15}",
+        "{:<18} {:>3} {:>12} {:>9} {:>15} {:>16} {:>9} {:>15} {:>22} {:>22}",
         "broker",
         "c",
         "hand-written",
@@ -567,7 +599,9 @@ async fn bench() -> Result<(), BoxError> {
         "idem ÷ hand",
         "idem ÷ idem c=1",
         "runner",
-        "runner ÷ hand"
+        "runner ÷ hand",
+        "client µs hand/idem/run",
+        "postgres µs hand/idem/run"
     );
     let mut serial = 0;
     for broker in [Broker::Redis, Broker::Rabbit, Broker::Nats] {
@@ -599,18 +633,26 @@ async fn bench() -> Result<(), BoxError> {
                     }
                 }
             }
-            let (reference, idem, runner) = (median(reference), median(idem), median(runner));
+            let (reference, idem, runner) = (medians(&reference), medians(&idem), medians(&runner));
             if c == 1 {
-                idem_c1 = Some(idem);
+                idem_c1 = Some(idem.rate);
             }
-            let scale = idem_c1
-                .filter(|_| c != 1)
-                .map_or(String::from("—"), |one| format!("{:.2}×", idem / one));
+            let scale = idem_c1.filter(|_| c != 1).map_or(String::from("—"), |one| {
+                format!("{:.2}×", idem.rate / one)
+            });
+            let cpu = |f: fn(&Measured) -> f64| {
+                format!("{:.0} / {:.0} / {:.0}", f(&reference), f(&idem), f(&runner))
+            };
             println!(
-                "{:<18} {c:>3} {reference:>12.0} {idem:>9.0} {:>14.2}× {scale:>16} {runner:>9.0} {:>14.2}×",
+                "{:<18} {c:>3} {:>12.0} {:>9.0} {:>14.2}× {scale:>16} {:>9.0} {:>14.2}× {:>22} {:>22}",
                 broker.name(),
-                idem / reference,
-                runner / reference
+                reference.rate,
+                idem.rate,
+                idem.rate / reference.rate,
+                runner.rate,
+                runner.rate / reference.rate,
+                cpu(|m| m.client_us),
+                cpu(|m| m.postgres_us),
             );
         }
     }

@@ -166,17 +166,6 @@ fn thread_cpu() -> Duration {
     clock(libc::CLOCK_THREAD_CPUTIME_ID).expect("CLOCK_THREAD_CPUTIME_ID")
 }
 
-/// User + system CPU of the whole process.
-fn process_cpu() -> Duration {
-    // SAFETY: an all-zero rusage is a valid value to be overwritten.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `ru` is valid and writable.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    assert_eq!(rc, 0, "getrusage");
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
 /// The CPU clocks of one runtime's threads, registered as each starts.
 #[derive(Default)]
 struct RuntimeClocks(Mutex<Vec<libc::clockid_t>>);
