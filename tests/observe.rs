@@ -136,9 +136,9 @@ fn calls_are_counted_by_outcome_scope_and_kind() {
     );
 }
 
-/// The HTTP layer finds its scope's metric keys once, when it is built: two
-/// layers of one scope count together, and a layer of another scope counts
-/// apart, whichever was built first.
+/// The HTTP layer finds its scope's call site once, when it is built: two
+/// layers of one scope count together, and layers of other scopes (the
+/// default one among them) count apart, whichever was built or called first.
 #[test]
 fn the_http_layer_counts_its_calls_under_its_own_scope() {
     use axum::Router;
@@ -151,16 +151,22 @@ fn the_http_layer_counts_its_calls_under_its_own_scope() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let store = MemoryStore::new();
-    let app = |scope| {
+    let app = |layer: IdempotencyLayer| {
         Router::new()
             .route("/orders", post(|| async { (StatusCode::CREATED, "made") }))
-            .layer(IdempotencyLayer::new().store(store.clone()).scope(scope))
+            .layer(layer.store(store.clone()))
     };
-    let send = |app: Router, key: &str| {
+    // All built before any request.
+    let a1 = app(IdempotencyLayer::new().scope("observe.http.a"));
+    let b = app(IdempotencyLayer::new().scope("observe.http.b"));
+    let a2 = app(IdempotencyLayer::new().scope("observe.http.a"));
+    let default = app(IdempotencyLayer::new());
+    let send = |app: &Router, key: &str| {
         let req = Request::post("/orders")
             .header("idempotency-key", key)
             .body(Body::empty())
             .unwrap();
+        let app = app.clone();
         async move { app.oneshot(req).await.unwrap().status() }
     };
     metrics::with_local_recorder(&recorder, || {
@@ -169,22 +175,10 @@ fn the_http_layer_counts_its_calls_under_its_own_scope() {
             .build()
             .unwrap();
         rt.block_on(async {
-            assert_eq!(
-                send(app("observe.http.a"), "k-1").await,
-                StatusCode::CREATED
-            );
-            assert_eq!(
-                send(app("observe.http.a"), "k-1").await,
-                StatusCode::CREATED
-            );
-            assert_eq!(
-                send(app("observe.http.b"), "k-1").await,
-                StatusCode::CREATED
-            );
-            assert_eq!(
-                send(app("observe.http.b"), "k-2").await,
-                StatusCode::CREATED
-            );
+            for (app, key) in [(&b, "k-1"), (&a1, "k-1"), (&a2, "k-1"), (&b, "k-2")] {
+                assert_eq!(send(app, key).await, StatusCode::CREATED);
+            }
+            assert_eq!(send(&default, "k-1").await, StatusCode::CREATED);
         });
     });
     let snapshot = snapshotter.snapshot().into_vec();
@@ -196,11 +190,17 @@ fn the_http_layer_counts_its_calls_under_its_own_scope() {
         )
     };
     assert_eq!(calls("observe.http.a", "executed"), 1);
-    assert_eq!(calls("observe.http.a", "replayed"), 1);
+    assert_eq!(
+        calls("observe.http.a", "replayed"),
+        1,
+        "a2 replays a1's k-1"
+    );
     assert_eq!(
         calls("observe.http.b", "executed"),
         2,
         "k-1 again, in another scope"
     );
     assert_eq!(calls("observe.http.b", "replayed"), 0);
+    assert_eq!(calls("http", "executed"), 1, "the default scope's own k-1");
+    assert_eq!(calls("http", "replayed"), 0);
 }

@@ -502,17 +502,22 @@ async fn cell(
     let topic = format!("IDEM_BENCH_CONSUMERS_{tag}");
     let run = tag.to_lowercase();
     brokers.fill(broker, &topic, &run, n).await?;
-    let (client, server) = (process_cpu(), cpu_of_processes("postgres"));
+    // The /proc scan before the client's clock starts and after it stops,
+    // so the client's figure does not count it.
+    let server = cpu_by_process("postgres");
+    let client = process_cpu();
     let elapsed = match side {
         Side::Idem => brokers.idem(broker, &topic, pool, c, n, true).await,
         Side::Runner => brokers.idem(broker, &topic, pool, c, n, false).await,
         Side::Reference => brokers.reference(broker, &topic, pool, c, n).await,
     };
+    let client = process_cpu() - client;
+    let server = server.and_then(|before| cpu_since("postgres", &before));
     let per_message = |cpu: Duration| cpu.as_secs_f64() * 1e6 / n as f64;
     let measured = Measured {
         rate: n as f64 / elapsed.as_secs_f64(),
-        client_us: per_message(process_cpu() - client),
-        postgres_us: per_message(cpu_of_processes("postgres").saturating_sub(server)),
+        client_us: per_message(client),
+        postgres_us: server.map(per_message),
     };
     let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM bench_settlements")
         .fetch_one(pool)
@@ -529,16 +534,18 @@ async fn cell(
 struct Measured {
     rate: f64,
     client_us: f64,
-    postgres_us: f64,
+    /// `None` without /proc.
+    postgres_us: Option<f64>,
 }
 
 /// The medians of a side's rounds.
 fn medians(cells: &[Measured]) -> Measured {
     let of = |f: fn(&Measured) -> f64| median(cells.iter().map(f).collect());
+    let postgres: Option<Vec<f64>> = cells.iter().map(|m| m.postgres_us).collect();
     Measured {
         rate: of(|m| m.rate),
         client_us: of(|m| m.client_us),
-        postgres_us: of(|m| m.postgres_us),
+        postgres_us: postgres.map(median),
     }
 }
 
@@ -563,8 +570,12 @@ async fn bench() -> Result<(), BoxError> {
         .execute(&admin)
         .await?;
     let options = PgConnectOptions::from_str(&pg_url)?.options([("search_path", SCHEMA)]);
+    // Connections kept open for the whole run: PostgreSQL's CPU is read per
+    // process, and a backend that exits takes its count with it.
     let pool = PgPoolOptions::new()
         .max_connections(32)
+        .idle_timeout(None)
+        .max_lifetime(None)
         .connect_with(options)
         .await?;
     // Opening the store applies idem's migrations; `tx = tx` needs no store.
@@ -588,7 +599,7 @@ async fn bench() -> Result<(), BoxError> {
 
     println!("load average at start: {}", load());
     println!(
-        "{n} messages per cell, one PostgreSQL transaction each; median of {rounds} round(s); msgs/s"
+        "{n} messages per cell, one PostgreSQL transaction each; median of {rounds} round(s); msgs/s, and CPU µs per message"
     );
     println!(
         "{:<18} {:>3} {:>12} {:>9} {:>15} {:>16} {:>9} {:>15} {:>22} {:>22}",
@@ -625,11 +636,11 @@ async fn bench() -> Result<(), BoxError> {
                 for side in order {
                     serial += 1;
                     let tag = format!("{}_{serial}", key.to_uppercase());
-                    let rate = cell(&brokers, &pool, broker, side, c, n, &tag).await?;
+                    let measured = cell(&brokers, &pool, broker, side, c, n, &tag).await?;
                     match side {
-                        Side::Reference => reference.push(rate),
-                        Side::Idem => idem.push(rate),
-                        Side::Runner => runner.push(rate),
+                        Side::Reference => reference.push(measured),
+                        Side::Idem => idem.push(measured),
+                        Side::Runner => runner.push(measured),
                     }
                 }
             }
@@ -640,8 +651,9 @@ async fn bench() -> Result<(), BoxError> {
             let scale = idem_c1.filter(|_| c != 1).map_or(String::from("—"), |one| {
                 format!("{:.2}×", idem.rate / one)
             });
-            let cpu = |f: fn(&Measured) -> f64| {
-                format!("{:.0} / {:.0} / {:.0}", f(&reference), f(&idem), f(&runner))
+            let cpu = |f: fn(&Measured) -> Option<f64>| {
+                let show = |m| f(m).map_or(String::from("—"), |us| format!("{us:.0}"));
+                format!("{} / {} / {}", show(&reference), show(&idem), show(&runner))
             };
             println!(
                 "{:<18} {c:>3} {:>12.0} {:>9.0} {:>14.2}× {scale:>16} {:>9.0} {:>14.2}× {:>22} {:>22}",
@@ -651,7 +663,7 @@ async fn bench() -> Result<(), BoxError> {
                 idem.rate / reference.rate,
                 runner.rate,
                 runner.rate / reference.rate,
-                cpu(|m| m.client_us),
+                cpu(|m| Some(m.client_us)),
                 cpu(|m| m.postgres_us),
             );
         }

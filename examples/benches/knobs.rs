@@ -4,6 +4,7 @@
 
 #![allow(dead_code)] // each bench uses what it needs
 
+use std::collections::HashMap;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -56,27 +57,42 @@ pub fn process_cpu() -> Duration {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
-/// User + system CPU used so far by every process whose name is `name`
-/// (a database server's backends and helpers), from /proc. Linux counts it
-/// in USER_HZ ticks, 100 a second on every mainstream build: over a cell of
-/// seconds the 10 ms grain stays under 1 %. A process that exits between
-/// two readings takes its CPU with it, so read around work whose
-/// connections stay open.
-pub fn cpu_of_processes(name: &str) -> Duration {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Duration::ZERO;
-    };
-    let ticks: u64 = dir
+/// User + system CPU so far of each process whose name is `name` (a
+/// database server's backends and helpers), in clock ticks by pid, from
+/// /proc; `None` where there is no /proc.
+pub fn cpu_by_process(name: &str) -> Option<HashMap<u32, u64>> {
+    let by_pid = std::fs::read_dir("/proc")
+        .ok()?
         .flatten()
-        .filter_map(|entry| std::fs::read_to_string(entry.path().join("stat")).ok())
-        .filter_map(|stat| {
+        .filter_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // The name sits between the first '(' and the last ')': it may
+            // hold either.
             let comm = &stat[stat.find('(')? + 1..stat.rfind(')')?];
             if comm != name {
                 return None;
             }
             let fields: Vec<&str> = stat[stat.rfind(')')? + 2..].split(' ').collect();
-            Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+            let ticks =
+                fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+            Some((pid, ticks))
         })
+        .collect();
+    Some(by_pid)
+}
+
+/// The CPU the processes named `name` used since `before` (from
+/// [`cpu_by_process`]), each by its own advance: one started meanwhile
+/// counts from zero; one that exited meanwhile is missing, with only its
+/// share inside the window, so read around work whose connections stay open.
+pub fn cpu_since(name: &str, before: &HashMap<u32, u64>) -> Option<Duration> {
+    // SAFETY: sysconf only reads a configuration value.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let per_second = u64::try_from(per_second).ok().filter(|&t| t > 0)?;
+    let ticks: u64 = cpu_by_process(name)?
+        .into_iter()
+        .map(|(pid, now)| now.saturating_sub(before.get(&pid).copied().unwrap_or(0)))
         .sum();
-    Duration::from_millis(ticks * 10)
+    Some(Duration::from_nanos(ticks * 1_000_000_000 / per_second))
 }

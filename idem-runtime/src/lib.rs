@@ -101,6 +101,7 @@ mod observe;
 pub mod outbox;
 pub mod protocol;
 pub mod recovery;
+mod site;
 mod spec;
 pub mod store;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]

@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use metrics::{Key, Label, Level, Metadata};
 
-use crate::spec::{Kind, SITE_KEYS, Spec};
+use crate::site::SITE_KEYS;
+use crate::spec::{Kind, Spec};
 
 /// The `outcome` label of `idem_calls_total`: what happened to one call.
 ///

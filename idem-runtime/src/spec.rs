@@ -2,13 +2,12 @@
 //! as a constant and what code without the macros passes to
 //! [`crate::protocol::execute`].
 
-use std::fmt;
-use std::sync::OnceLock;
-use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
+use crate::site::CallSite;
+
 /// What kind of call a [`Spec`] describes: it picks metric names and defaults.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     /// A request handler or any other call.
     Call,
@@ -104,85 +103,5 @@ impl Spec {
     pub const fn site(mut self, site: &'static CallSite) -> Spec {
         self.site = Some(site);
         self
-    }
-}
-
-/// How many metric keys a call site keeps: one per call outcome and the
-/// claim's latency (`observe.rs` checks the count).
-pub(crate) const SITE_KEYS: usize = 12;
-
-/// What one call site keeps across its calls: the metric keys they name and
-/// the moving average of how long they take (for `InProgress` hints). The
-/// attribute makes one per annotated function, as a `static` beside its
-/// `Spec`, so a call finds them with no lookup; a `Spec` built by hand has
-/// none, and a call finds the same things by its scope (a map per thread).
-#[doc(hidden)]
-pub struct CallSite {
-    pub(crate) keys: [OnceLock<metrics::Key>; SITE_KEYS],
-    /// The moving average of the scope's calls (shared by every site and
-    /// `Spec` of the scope), found once.
-    pub(crate) typical: OnceLock<&'static AtomicU64>,
-}
-
-impl CallSite {
-    #[allow(clippy::new_without_default)]
-    pub const fn new() -> CallSite {
-        CallSite {
-            keys: [const { OnceLock::new() }; SITE_KEYS],
-            typical: OnceLock::new(),
-        }
-    }
-}
-
-impl fmt::Debug for CallSite {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("CallSite")
-    }
-}
-
-// One call site is equal only to itself: two `Spec`s are the same settings
-// of the same site.
-impl PartialEq for CallSite {
-    fn eq(&self, other: &CallSite) -> bool {
-        std::ptr::eq(self, other)
-    }
-}
-
-impl Eq for CallSite {}
-
-/// The call site shared by everything in this process that runs calls of
-/// `scope` and `kind` without an attribute's own `static` (the HTTP layer):
-/// asked for once when such a caller is built, never per call. One is made
-/// per scope and kind, and kept for the life of the process, as the
-/// attribute's are; what it caches depends on nothing but those two.
-#[cfg(feature = "http")]
-pub(crate) fn shared_site(scope: &'static str, kind: Kind) -> &'static CallSite {
-    use std::collections::HashMap;
-    use std::sync::Mutex;
-
-    static SITES: Mutex<Option<HashMap<(&'static str, Kind), &'static CallSite>>> =
-        Mutex::new(None);
-    let mut sites = SITES
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    sites
-        .get_or_insert_with(HashMap::new)
-        .entry((scope, kind))
-        .or_insert_with(|| Box::leak(Box::new(CallSite::new())))
-}
-
-#[cfg(all(test, feature = "http"))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn one_shared_site_per_scope_and_kind() {
-        let a = shared_site("spec::tests::a", Kind::Call);
-        assert!(std::ptr::eq(a, shared_site("spec::tests::a", Kind::Call)));
-        // The same text from another allocation is the same scope.
-        let again: &'static str = String::from("spec::tests::a").leak();
-        assert!(std::ptr::eq(a, shared_site(again, Kind::Call)));
-        assert!(!std::ptr::eq(a, shared_site("spec::tests::b", Kind::Call)));
-        assert!(!std::ptr::eq(a, shared_site("spec::tests::a", Kind::Step)));
     }
 }

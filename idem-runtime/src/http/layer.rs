@@ -20,7 +20,7 @@ use tower_service::Service;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
 use crate::protocol::{self, Kind, Spec, StoredForm};
-use crate::spec::shared_site;
+use crate::site::shared_site;
 use crate::store::{AsStore, Store as _, StoreRef};
 
 use super::key::{KeyProblem, KeyRules};
@@ -175,8 +175,8 @@ impl IdempotencyLayer {
 
     /// The namespace of the keys; give each route or service its own.
     pub fn scope(self, scope: &'static str) -> Self {
-        // The scope's metric keys and call durations, found here rather
-        // than on every request.
+        // The scope's call site, found here rather than on every request:
+        // its metric keys and its calls' average are then one load each.
         self.with(|c| {
             c.spec.scope = scope;
             c.spec.site = Some(shared_site(scope, c.spec.kind));

@@ -11,7 +11,8 @@ mod recover;
 pub use crate::key::{FingerprintBuilder, Key, KeyBuilder};
 pub use crate::protocol::{Cacheable, FromIdemError, StorableError};
 pub use crate::recovery::{Ended, Prepared, Recoverable};
-pub use crate::spec::{CallSite, Kind, Spec};
+pub use crate::site::CallSite;
+pub use crate::spec::{Kind, Spec};
 pub use crate::store::{AsStore, StoreRef};
 pub use compensate::{
     AfterTypeErrorCompensated, WhenTypesHoldCompensated, compensation_receiver, compensation_result,

@@ -75,9 +75,10 @@ pub trait StoredForm<M>: Sized {
     fn to_stored(&self) -> Result<Vec<u8>, serde_json::Error>;
     /// The value rebuilt from a record, for a duplicate.
     fn from_stored(bytes: &[u8]) -> Result<Self, serde_json::Error>;
-    /// The bytes stored in the record, borrowed when the value already holds
-    /// them (the HTTP layer encodes the response before the protocol stores
-    /// it): what the protocol calls, so that form is not copied once more.
+    /// Exactly [`to_stored`](Self::to_stored)'s bytes, borrowed when the
+    /// value already holds them (the HTTP layer encodes the response before
+    /// the protocol stores it), so a completion does not copy them once
+    /// more. The protocol calls it wherever it does not keep the bytes.
     #[doc(hidden)]
     fn stored_bytes(&self) -> Result<std::borrow::Cow<'_, [u8]>, serde_json::Error> {
         self.to_stored().map(std::borrow::Cow::Owned)
@@ -443,7 +444,7 @@ where
     E: FromIdemError,
 {
     let problem = match &out {
-        Ok(value) if value.to_stored().is_ok_and(|bytes| bytes == written) => {
+        Ok(value) if value.stored_bytes().is_ok_and(|bytes| *bytes == *written) => {
             report::call(spec, CallOutcome::Executed);
             return out;
         }
