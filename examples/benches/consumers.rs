@@ -499,7 +499,10 @@ async fn cell(
     for t in ["bench_settlements", "bench_dedup", "idem_records"] {
         sqlx::query(&format!("TRUNCATE {t}")).execute(pool).await?;
     }
-    let topic = format!("IDEM_BENCH_CONSUMERS_{tag}");
+    // The process id in the name: a run killed mid-way leaves its topic
+    // behind (its consumer group, its undelivered messages), and the next
+    // run's cells count from 1 again.
+    let topic = format!("IDEM_BENCH_CONSUMERS_{}_{tag}", std::process::id());
     let run = tag.to_lowercase();
     brokers.fill(broker, &topic, &run, n).await?;
     // The /proc scan before the client's clock starts and after it stops,
