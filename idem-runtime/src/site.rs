@@ -7,9 +7,6 @@ use std::fmt;
 use std::sync::OnceLock;
 use std::sync::atomic::AtomicU64;
 
-#[cfg(feature = "http")]
-use crate::spec::Kind;
-
 /// How many metric keys a call site keeps: one per call outcome and the
 /// claim's latency (`observe.rs` checks the count).
 pub(crate) const SITE_KEYS: usize = 12;
@@ -62,14 +59,16 @@ impl PartialEq for CallSite {
 impl Eq for CallSite {}
 
 /// The call site shared by everything in this process that runs calls of
-/// `scope` and `kind` without an attribute's own `static` (the HTTP layer):
-/// asked for once when such a caller is built, never per call. What a site
-/// caches depends on the scope and kind alone (the keys' labels, the
-/// scope's average), so callers of one scope can share it. One is made per
-/// scope and kind and kept for the life of the process, as the attribute's
-/// are and as the per-scope averages already are.
+/// `scope` and `kind` (a `Kind`'s discriminant: `Spec::with_shared_site`
+/// passes it, so this module needs nothing of `spec`'s) without an
+/// attribute's own `static` (the HTTP layer): asked for once when such a
+/// caller is built, never per call. What a site caches depends on the scope
+/// and kind alone (the keys' labels, the scope's average), so callers of
+/// one scope can share it. One is made per scope and kind and kept for the
+/// life of the process, as the attribute's are and as the per-scope
+/// averages already are.
 #[cfg(feature = "http")]
-pub(crate) fn shared_site(scope: &'static str, kind: Kind) -> &'static CallSite {
+pub(crate) fn shared_site(scope: &'static str, kind: u8) -> &'static CallSite {
     use std::collections::BTreeMap;
     use std::sync::{Mutex, PoisonError};
 
@@ -79,7 +78,7 @@ pub(crate) fn shared_site(scope: &'static str, kind: Kind) -> &'static CallSite 
     // panic.
     let mut sites = SITES.lock().unwrap_or_else(PoisonError::into_inner);
     sites
-        .entry((scope, kind as u8))
+        .entry((scope, kind))
         .or_insert_with(|| Box::leak(Box::new(CallSite::new())))
 }
 
@@ -89,12 +88,12 @@ mod tests {
 
     #[test]
     fn one_shared_site_per_scope_and_kind() {
-        let a = shared_site("site::tests::a", Kind::Call);
-        assert!(std::ptr::eq(a, shared_site("site::tests::a", Kind::Call)));
+        let a = shared_site("site::tests::a", 0);
+        assert!(std::ptr::eq(a, shared_site("site::tests::a", 0)));
         // The same text from another allocation is the same scope.
         let again: &'static str = String::from("site::tests::a").leak();
-        assert!(std::ptr::eq(a, shared_site(again, Kind::Call)));
-        assert!(!std::ptr::eq(a, shared_site("site::tests::b", Kind::Call)));
-        assert!(!std::ptr::eq(a, shared_site("site::tests::a", Kind::Step)));
+        assert!(std::ptr::eq(a, shared_site(again, 0)));
+        assert!(!std::ptr::eq(a, shared_site("site::tests::b", 0)));
+        assert!(!std::ptr::eq(a, shared_site("site::tests::a", 2)));
     }
 }

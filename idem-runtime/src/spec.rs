@@ -104,4 +104,13 @@ impl Spec {
         self.site = Some(site);
         self
     }
+
+    /// Takes the call site every caller of this scope and kind built at run
+    /// time shares (see `site::shared_site`): once, when the caller is
+    /// built, so its calls look nothing up.
+    #[cfg(feature = "http")]
+    pub(crate) fn with_shared_site(mut self) -> Spec {
+        self.site = Some(crate::site::shared_site(self.scope, self.kind as u8));
+        self
+    }
 }

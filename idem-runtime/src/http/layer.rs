@@ -20,7 +20,6 @@ use tower_service::Service;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
 use crate::protocol::{self, Kind, Spec, StoredForm};
-use crate::site::shared_site;
 use crate::store::{AsStore, Store as _, StoreRef};
 
 use super::key::{KeyProblem, KeyRules};
@@ -144,7 +143,7 @@ impl IdempotencyLayer {
         IdempotencyLayer {
             config: Arc::new(Config {
                 store: None,
-                spec: Spec::new("http", Kind::Call).site(shared_site("http", Kind::Call)),
+                spec: Spec::new("http", Kind::Call).with_shared_site(),
                 methods: vec![Method::POST, Method::PATCH],
                 required: true,
                 rules: KeyRules::default(),
@@ -179,7 +178,7 @@ impl IdempotencyLayer {
         // its metric keys and its calls' average are then one load each.
         self.with(|c| {
             c.spec.scope = scope;
-            c.spec.site = Some(shared_site(scope, c.spec.kind));
+            c.spec = c.spec.with_shared_site();
         })
     }
 
