@@ -34,12 +34,13 @@ async fn reserve(order_id: u64) -> Result<u64, AppError> {
     Ok(order_id * 2)
 }
 
-type Snapshot = [(
+type SnapshotRow = (
     CompositeKey,
     Option<metrics::Unit>,
     Option<metrics::SharedString>,
     DebugValue,
-)];
+);
+type Snapshot = [SnapshotRow];
 
 fn counter(snapshot: &Snapshot, name: &str, labels: &[(&str, &str)]) -> u64 {
     snapshot
@@ -57,48 +58,54 @@ fn counter(snapshot: &Snapshot, name: &str, labels: &[(&str, &str)]) -> u64 {
         .sum()
 }
 
-#[test]
-fn calls_are_counted_by_outcome_scope_and_kind() {
+/// What `calls` recorded, run to its end on a runtime of its own under a
+/// recorder of its own (no other test's calls in it).
+fn recorded(calls: impl std::future::Future<Output = ()>) -> Vec<SnapshotRow> {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(calls)
+    });
+    snapshotter.snapshot().into_vec()
+}
+
+#[test]
+fn calls_are_counted_by_outcome_scope_and_kind() {
     let clock = ManualClock::default();
     let svc = Svc {
         store: MemoryStore::builder().clock(clock.clone()).build(),
     };
-    metrics::with_local_recorder(&recorder, || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
+    let snapshot = recorded(async {
+        assert_eq!(svc.create(1).await.unwrap(), 2);
+        assert_eq!(svc.create(1).await.unwrap(), 2);
+        assert_eq!(svc.create(1).await.unwrap(), 2);
+        assert_eq!(svc.create(2).await.unwrap(), 4);
+        // A claim whose owner died: the next call takes it over after the lease.
+        let key = idem_runtime::Key::builder("observe.create")
+            .part(&3u64)
+            .finish();
+        let stale = idem_runtime::store::Token::random();
+        let req = idem_runtime::store::ClaimRequest {
+            key: &key,
+            token: stale,
+            fingerprint: None,
+            lease: Duration::from_secs(30),
+            ttl: Duration::from_secs(3600),
+        };
+        idem_runtime::store::Store::claim(&svc.store, req)
+            .await
             .unwrap();
-        rt.block_on(async {
-            assert_eq!(svc.create(1).await.unwrap(), 2);
-            assert_eq!(svc.create(1).await.unwrap(), 2);
-            assert_eq!(svc.create(1).await.unwrap(), 2);
-            assert_eq!(svc.create(2).await.unwrap(), 4);
-            // A claim whose owner died: the next call takes it over after the lease.
-            let key = idem_runtime::Key::builder("observe.create")
-                .part(&3u64)
-                .finish();
-            let stale = idem_runtime::store::Token::random();
-            let req = idem_runtime::store::ClaimRequest {
-                key: &key,
-                token: stale,
-                fingerprint: None,
-                lease: Duration::from_secs(30),
-                ttl: Duration::from_secs(3600),
-            };
-            idem_runtime::store::Store::claim(&svc.store, req)
-                .await
-                .unwrap();
-            assert!(matches!(
-                svc.create(3).await,
-                Err(AppError(idem_runtime::Error::InProgress { .. }))
-            ));
-            clock.advance(Duration::from_secs(31));
-            assert_eq!(svc.create(3).await.unwrap(), 6);
-        });
+        assert!(matches!(
+            svc.create(3).await,
+            Err(AppError(idem_runtime::Error::InProgress { .. }))
+        ));
+        clock.advance(Duration::from_secs(31));
+        assert_eq!(svc.create(3).await.unwrap(), 6);
     });
-    let snapshot = snapshotter.snapshot().into_vec();
     let calls = |outcome| {
         counter(
             &snapshot,
@@ -148,8 +155,6 @@ fn the_http_layer_counts_its_calls_under_its_own_scope() {
     use idem_runtime::http::IdempotencyLayer;
     use tower::ServiceExt;
 
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
     let store = MemoryStore::new();
     let app = |layer: IdempotencyLayer| {
         Router::new()
@@ -169,19 +174,12 @@ fn the_http_layer_counts_its_calls_under_its_own_scope() {
         let app = app.clone();
         async move { app.oneshot(req).await.unwrap().status() }
     };
-    metrics::with_local_recorder(&recorder, || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            for (app, key) in [(&b, "k-1"), (&a1, "k-1"), (&a2, "k-1"), (&b, "k-2")] {
-                assert_eq!(send(app, key).await, StatusCode::CREATED);
-            }
-            assert_eq!(send(&default, "k-1").await, StatusCode::CREATED);
-        });
+    let snapshot = recorded(async {
+        for (app, key) in [(&b, "k-1"), (&a1, "k-1"), (&a2, "k-1"), (&b, "k-2")] {
+            assert_eq!(send(app, key).await, StatusCode::CREATED);
+        }
+        assert_eq!(send(&default, "k-1").await, StatusCode::CREATED);
     });
-    let snapshot = snapshotter.snapshot().into_vec();
     let calls = |scope, outcome| {
         counter(
             &snapshot,
