@@ -57,26 +57,44 @@ pub fn process_cpu() -> Duration {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
+/// The name and the user + system CPU clock ticks so far of process `pid`
+/// (`"self"` for this one), from `/proc/<pid>/stat`.
+fn stat_of(pid: &str) -> Option<(String, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The name sits between the first '(' and the last ')': it may hold
+    // either.
+    let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+    let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some((stat[open + 1..close].to_owned(), ticks))
+}
+
+/// Clock ticks as time, at the kernel's rate (`sysconf(_SC_CLK_TCK)`): a
+/// measurement runs for seconds, so the 10 ms grain of the usual 100 a
+/// second stays under 1 %.
+fn ticks(n: u64) -> Option<Duration> {
+    // SAFETY: sysconf only reads a configuration value.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let per_second = u64::try_from(per_second).ok().filter(|&t| t > 0)?;
+    Some(Duration::from_nanos(n * 1_000_000_000 / per_second))
+}
+
+/// User + system CPU process `pid` (`"self"` for this one) has used so far.
+pub fn cpu_of(pid: &str) -> Option<Duration> {
+    ticks(stat_of(pid)?.1)
+}
+
 /// User + system CPU so far of each process whose name is `name` (a
-/// database server's backends and helpers), in clock ticks by pid, from
-/// /proc; `None` where there is no /proc.
+/// database server's backends and helpers), in clock ticks by pid; `None`
+/// where there is no /proc.
 pub fn cpu_by_process(name: &str) -> Option<HashMap<u32, u64>> {
     let by_pid = std::fs::read_dir("/proc")
         .ok()?
         .flatten()
         .filter_map(|entry| {
-            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-            // The name sits between the first '(' and the last ')': it may
-            // hold either.
-            let comm = &stat[stat.find('(')? + 1..stat.rfind(')')?];
-            if comm != name {
-                return None;
-            }
-            let fields: Vec<&str> = stat[stat.rfind(')')? + 2..].split(' ').collect();
-            let ticks =
-                fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-            Some((pid, ticks))
+            let pid = entry.file_name().to_str()?.to_owned();
+            let (comm, ticks) = stat_of(&pid)?;
+            (comm == name).then_some((pid.parse().ok()?, ticks))
         })
         .collect();
     Some(by_pid)
@@ -87,12 +105,9 @@ pub fn cpu_by_process(name: &str) -> Option<HashMap<u32, u64>> {
 /// counts from zero; one that exited meanwhile is missing, with only its
 /// share inside the window, so read around work whose connections stay open.
 pub fn cpu_since(name: &str, before: &HashMap<u32, u64>) -> Option<Duration> {
-    // SAFETY: sysconf only reads a configuration value.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    let per_second = u64::try_from(per_second).ok().filter(|&t| t > 0)?;
-    let ticks: u64 = cpu_by_process(name)?
+    let advance: u64 = cpu_by_process(name)?
         .into_iter()
         .map(|(pid, now)| now.saturating_sub(before.get(&pid).copied().unwrap_or(0)))
         .sum();
-    Some(Duration::from_nanos(ticks * 1_000_000_000 / per_second))
+    ticks(advance)
 }

@@ -73,6 +73,11 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{MySql, MySqlPool, PgPool, Postgres, Transaction};
 
+// What the benches read the same way (knobs, load, CPU from /proc).
+#[path = "../benches/knobs.rs"]
+mod knobs;
+use knobs::{cpu_of, env, load};
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Order {
     id: u64,
@@ -373,17 +378,6 @@ impl MySvc {
 // Measuring
 // ---------------------------------------------------------------------------
 
-/// CPU time (user + system) a process has used so far, from /proc. Linux
-/// counts it in USER_HZ ticks, 100 per second on every mainstream build; a
-/// measurement runs for seconds, so the 10 ms grain stays under 1 %.
-fn cpu_of(pid: &str) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = after.split(' ').collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    Some(Duration::from_millis(ticks * 10))
-}
-
 #[derive(Default, Clone)]
 struct Cell {
     calls: u64,
@@ -624,13 +618,6 @@ fn commands_line(name: &str, cell: &Cell) {
     println!("    commandstats per call, {name}: {}", parts.join(", "));
 }
 
-fn env<T: FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
-
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let calls: u64 = env("IDEM_BENCH_CALLS", 100_000);
@@ -642,12 +629,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let run = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_millis() as u64;
-    println!(
-        "load average at start: {}",
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .trim()
-    );
+    println!("load average at start: {}", load());
     if matches!(only.as_str(), "" | "redis") {
         redis_section(run, calls, rounds).await?;
     }
@@ -657,12 +639,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if matches!(only.as_str(), "" | "sql" | "mysql") {
         mysql_section(run, sql_calls, sql_rounds).await?;
     }
-    println!(
-        "\nload average at end: {}",
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .trim()
-    );
+    println!("\nload average at end: {}", load());
     println!(
         "ratios are throughput over (a) and over the reference; [spread] is the lowest and highest per-round ratio;\n\
          cli us / srv us: CPU microseconds per call of this process / of redis-server; RT/call: Redis requests or SQL statements per call"

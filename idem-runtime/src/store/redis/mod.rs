@@ -113,7 +113,8 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 /// - **complete**: one `SET … IFEQ … PX` where the server has it (Valkey ≥
 ///   8.1, Redis ≥ 8.4, learnt at connect), `complete.lua` elsewhere;
 /// - **inspect**: one `EVALSHA inspect.lua` (the value and its expiry
-///   together); **evict**: one fenced `DEL`;
+///   together); **evict**: one `EVALSHA evict.lua`, which ends a live
+///   record without deleting it, so its fence keeps growing;
 /// - **purge_expired** and **stats**: walk the store's key prefix with `SCAN`
 ///   (on every master of a cluster), pipelined per page: run them from a
 ///   sweeper or by hand, never on a request path;
@@ -335,7 +336,10 @@ impl Store for Inner {
         })
     }
 
-    /// One `DEL`, whatever the record's state.
+    /// One `evict.lua`: a DONE record is released and a PROCESSING one left
+    /// under a token nobody holds with its lease ended, both keeping their
+    /// fence (a `DEL` would start the next claim at fence 1 beside an owner
+    /// that may still hold 1).
     async fn evict(&self, key: &Key) -> Result<bool, StoreError> {
         self.fenced(&SCRIPTS.evict, key, &[Token::random().as_bytes()])
             .await
