@@ -281,6 +281,78 @@ async fn rabbitmq_carries_the_id_and_an_unroutable_message_is_not_marked_sent() 
     db.drop().await;
 }
 
+/// Regression (issue 30, item 1): lapin hands a returned message to whichever
+/// confirm completes next, so in a batch mixing routable and unroutable
+/// messages the return must be matched by its message id, not by its confirm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rabbitmq_returns_in_a_mixed_batch_are_matched_to_their_own_messages() {
+    let Some(db) = postgres().await else { return };
+    let url = services::rabbitmq_url();
+    let Some(conn) = services::reachable("RabbitMQ", &url, rabbitmq::connect(&url).await) else {
+        return;
+    };
+    let queue = format!("idem-test-outbox-mixed-{}", tag());
+    let nowhere = format!("idem-test-outbox-mixed-nowhere-{}", tag());
+    RabbitMqSource::declare(&conn.create_channel().await.unwrap(), &queue)
+        .await
+        .unwrap();
+    let (mut routed, mut returned) = (Vec::new(), Vec::new());
+    let mut tx = db.pool.begin().await.unwrap();
+    for i in 0..300 {
+        // Runs of unroutable messages between routable ones, so the broker
+        // acks several at once (`multiple`) with returns queued in between.
+        let (topic, ids) = if i % 3 == 0 {
+            (&queue, &mut routed)
+        } else {
+            (&nowhere, &mut returned)
+        };
+        let id = format!("{topic}-{i}");
+        outbox::put(
+            &mut tx,
+            Message::json(topic, &serde_json::json!({ "id": id }))
+                .unwrap()
+                .id(id.as_str()),
+        )
+        .await
+        .unwrap();
+        ids.push(id);
+    }
+    tx.commit().await.unwrap();
+    let sink = RabbitMqSink::new(conn.create_channel().await.unwrap())
+        .await
+        .unwrap();
+    let relay = Relay::builder(db.pool.clone(), sink).batch(500).build();
+    let round = relay.run_once().await.unwrap();
+    assert_eq!(
+        (round.published, round.failed),
+        (routed.len(), returned.len()),
+        "{round:?}"
+    );
+    let mut pending: Vec<String> = outbox::list(&db.pool, outbox::MessageState::Pending, 500)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.id.to_string())
+        .collect();
+    pending.sort();
+    returned.sort();
+    let kept_routed: Vec<_> = pending.iter().filter(|id| routed.contains(id)).collect();
+    let sent_returned: Vec<_> = returned.iter().filter(|id| !pending.contains(id)).collect();
+    assert!(
+        kept_routed.is_empty() && sent_returned.is_empty(),
+        "routed but kept pending: {kept_routed:?}; returned but marked sent: {sent_returned:?}"
+    );
+    let mut source = RabbitMqSource::builder(&queue, "c1")
+        .connect(conn.create_channel().await.unwrap())
+        .await
+        .unwrap();
+    let actions = consume(&mut source, routed.len()).await;
+    assert_eq!(dedup_count(&actions), (routed.len(), 0), "{actions:?}");
+    assert!(routed.iter().all(|id| applied(id) == 1));
+    delete_queues(&conn, &queue).await;
+    db.drop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_down_then_back_the_backlog_drains_and_nothing_is_lost() {
     recorder();

@@ -3,6 +3,7 @@
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use lapin::{BasicProperties, Channel};
@@ -131,29 +132,63 @@ impl Sink for RabbitMqSink {
                 .await;
             pending.push(sent);
         }
-        let mut out = Vec::with_capacity(batch.len());
+        // Confirms are matched to messages by delivery tag, but lapin hands a
+        // returned (unroutable) message to whichever confirm completes next,
+        // and one `multiple` ack completes several in any order. So the
+        // returns are gathered from every confirm of the batch and matched to
+        // their messages by `message-id`, which the relay keeps unique.
+        let mut answers = Vec::with_capacity(batch.len());
+        let mut returned = HashSet::new();
+        let mut unmatched_return = false;
         for (m, sent) in batch.iter().zip(pending) {
-            out.push(match sent {
+            answers.push(match sent {
                 Err(e) => Err(broker(e)),
                 Ok(confirm) => match confirm.await {
                     Err(e) => Err(broker(e)),
-                    Ok(c) if c.is_nack() => Err(BrokerError::new(
-                        "rabbitmq",
-                        format!("the broker refused the message for `{}`", m.topic),
-                    )),
-                    Ok(c) => match c.take_message() {
-                        Some(_) => Err(BrokerError::new(
-                            "rabbitmq",
-                            format!(
-                                "no queue is bound for `{}` (the message came back)",
-                                m.topic
-                            ),
-                        )),
-                        None => Ok(()),
-                    },
+                    Ok(c) => {
+                        let nack = c.is_nack();
+                        if let Some(back) = c.take_message() {
+                            match back.properties.message_id() {
+                                Some(id) => {
+                                    returned.insert(id.as_str().to_owned());
+                                }
+                                None => unmatched_return = true,
+                            }
+                        }
+                        if nack {
+                            Err(BrokerError::new(
+                                "rabbitmq",
+                                format!("the broker refused the message for `{}`", m.topic),
+                            ))
+                        } else {
+                            Ok(())
+                        }
+                    }
                 },
             });
         }
-        out
+        batch
+            .iter()
+            .zip(answers)
+            .map(|(m, answer)| {
+                answer?;
+                if returned.contains(m.id.as_str()) {
+                    return Err(BrokerError::new(
+                        "rabbitmq",
+                        format!("no queue is bound for `{}` (the message came back)", m.topic),
+                    ));
+                }
+                // A return without an id cannot be told apart: every message
+                // of the batch might be it, so none is marked sent (at least
+                // once; the consumers deduplicate by id).
+                if unmatched_return {
+                    return Err(BrokerError::new(
+                        "rabbitmq",
+                        "a message of this batch came back without its message-id",
+                    ));
+                }
+                Ok(())
+            })
+            .collect()
     }
 }
