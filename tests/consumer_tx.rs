@@ -304,6 +304,13 @@ mod postgres {
                 .execute(&mut **tx)
                 .await?;
         }
+        if e.fail.as_deref() == Some("swallow") {
+            // A failed statement whose error the handler ignores: PostgreSQL
+            // has aborted the transaction, and its COMMIT answers ROLLBACK
+            // with no error.
+            let failed = sqlx::query("SELECT 1 / 0").execute(&mut **tx).await;
+            assert!(failed.is_err());
+        }
         Ok(())
     }
 
@@ -338,6 +345,62 @@ mod postgres {
         e: OrderPaid,
     ) -> futures_util::future::BoxFuture<'t, Result<(), SettleError>> {
         Box::pin(settle_pg(tx, e))
+    }
+
+    /// Regression (issue 30, item 5): sqlx's `commit()` returns `Ok` for an
+    /// aborted transaction, which PostgreSQL rolls back; the runner must not
+    /// ack it.
+    #[tokio::test]
+    async fn an_aborted_transaction_is_not_acked_and_redelivers() {
+        let Some(store) = pg().await else { return };
+        let runner = runner();
+        let id = order_id("aborted");
+        let delivery = Memory::new(&payload(&id, Some("swallow")));
+        let log = delivery.log();
+        let action = runner
+            .process_in_tx(delivery, store.pool(), &handler)
+            .await
+            .unwrap();
+        assert!(
+            matches!(action, Action::Retried { attempt: 1, .. }),
+            "{action:?}"
+        );
+        assert!(log.lock().unwrap()[0].starts_with("retry"), "{log:?}");
+        // The last delivery parks, and says why.
+        let action = runner
+            .process_in_tx(
+                Memory::new(&payload(&id, Some("swallow"))).attempt(3),
+                store.pool(),
+                &handler,
+            )
+            .await
+            .unwrap();
+        let Action::Parked { reason } = action else {
+            panic!("parked at max_deliveries: {action:?}")
+        };
+        assert!(reason.contains("aborted"), "{reason}");
+        let k = Key::builder("tests.consumer_tx.pg")
+            .part("SETTLE")
+            .part(&id)
+            .finish();
+        assert!(store.inspect(&k).await.unwrap().is_none());
+
+        let action = runner
+            .process_in_tx(
+                Memory::new(&payload(&id, None)).attempt(2),
+                store.pool(),
+                &handler,
+            )
+            .await
+            .unwrap();
+        assert_eq!(action, Action::Acked(Acked::Processed));
+        let n: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM consumer_tx_settlements WHERE order_id = $1")
+                .bind(&id)
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
+        assert_eq!(n, 1, "the redelivery wrote the settlement, once");
     }
 
     #[tokio::test]
@@ -463,4 +526,91 @@ fn the_runners_metrics_are_labelled_by_the_handlers_attribute() {
                 assert_eq!(parked(&snapshot, SCOPE), 1, "{snapshot:?}");
             });
     });
+}
+
+mod mysql {
+    //! MariaDB ends a transaction that lost a deadlock and runs the
+    //! statements after it in autocommit; its COMMIT then answers OK.
+
+    use super::*;
+    use idem_runtime::store::sql::MySqlStore;
+    use idem_tests::services;
+    use sqlx::MySql;
+
+    #[idempotent(consumer, event = "SETTLE", key = "e.order_id", scope = "tests.consumer_tx.mysql", tx = tx)]
+    async fn settle_my(tx: &mut Transaction<'_, MySql>, e: OrderPaid) -> Result<(), SettleError> {
+        if e.fail.as_deref() == Some("ended") {
+            // What the server does on a lost deadlock: the transaction (the
+            // claim's record with it) is rolled back under sqlx, which still
+            // counts it open.
+            sqlx::Executor::execute(&mut **tx, "ROLLBACK").await?;
+        }
+        Ok(())
+    }
+
+    fn handler<'t>(
+        tx: &'t mut Transaction<'static, MySql>,
+        e: OrderPaid,
+    ) -> futures_util::future::BoxFuture<'t, Result<(), SettleError>> {
+        Box::pin(settle_my(tx, e))
+    }
+
+    /// Regression (issue 30, item 5, on MariaDB): a transaction the server
+    /// ended under the handler is not acked.
+    #[tokio::test]
+    async fn a_transaction_the_server_ended_is_not_acked() {
+        let url = services::mysql_url();
+        let Some(store) = services::reachable("MariaDB", &url, MySqlStore::connect(&url).await)
+        else {
+            return;
+        };
+        let runner = runner();
+        let id = format!(
+            "ended-{}-{:?}",
+            std::process::id(),
+            std::time::Instant::now()
+        );
+        let action = runner
+            .process_in_tx(
+                Memory::new(&payload(&id, Some("ended"))),
+                store.pool(),
+                &handler,
+            )
+            .await
+            .unwrap();
+        assert!(
+            matches!(action, Action::Retried { attempt: 1, .. }),
+            "{action:?}"
+        );
+        let action = runner
+            .process_in_tx(
+                Memory::new(&payload(&id, Some("ended"))).attempt(3),
+                store.pool(),
+                &handler,
+            )
+            .await
+            .unwrap();
+        let Action::Parked { reason } = action else {
+            panic!("parked at max_deliveries: {action:?}")
+        };
+        assert!(
+            reason.contains("already rolled the transaction back"),
+            "{reason}"
+        );
+        let action = runner
+            .process_in_tx(
+                Memory::new(&payload(&id, None)).attempt(2),
+                store.pool(),
+                &handler,
+            )
+            .await
+            .unwrap();
+        assert_eq!(action, Action::Acked(Acked::Processed));
+        let k = Key::builder("tests.consumer_tx.mysql")
+            .part("SETTLE")
+            .part(&id)
+            .finish();
+        let record = store.inspect(&k).await.unwrap().expect("a record");
+        assert_eq!(record.state, RecordState::Done);
+    }
 }

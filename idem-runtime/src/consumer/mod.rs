@@ -164,7 +164,9 @@ use crate::protocol::report;
 /// last: the caller's transaction carrying the record (`tx = tx`) failed to
 /// commit. The delivery then counts as a retryable failure instead of being
 /// acked on a record that does not exist. `Runner::run_in_tx` (SQL features) does this
-/// itself; only a handler that begins and commits its own transaction needs it.
+/// itself; only a handler that begins and commits its own transaction needs it
+/// (and should ask `TxConnection::commit_refused` before its commit: a
+/// PostgreSQL transaction aborted by a swallowed error "commits" with `Ok`).
 ///
 /// ```
 /// # struct Tx; impl Tx { async fn commit(self) -> Result<(), std::io::Error> { Ok(()) } }

@@ -10,6 +10,7 @@ use futures_util::future::BoxFuture;
 use sqlx::{Database, Pool, Transaction};
 
 use super::{Action, BrokerError, Delivery, FromDelivery, Runner, Source};
+use crate::store::tx::TxConnection;
 
 /// Why a delivery run by [`Runner::run_in_tx`] failed: the handler's own
 /// error, or the transaction around it. Only its `Debug` is used: it is the
@@ -22,6 +23,12 @@ pub enum TxError<E> {
     /// The handler returned `Ok` but the commit failed: nothing it wrote,
     /// idem's record included, lasted.
     Commit(sqlx::Error),
+    /// The handler returned `Ok` but the database had already ended the
+    /// transaction (a statement failed and the handler went on): its commit
+    /// would have reported success and kept nothing, so it was rolled back.
+    Aborted(&'static str),
+    /// Whether the transaction could still commit could not be asked.
+    Check(crate::StoreError),
 }
 
 impl<E: fmt::Debug> fmt::Debug for TxError<E> {
@@ -30,6 +37,8 @@ impl<E: fmt::Debug> fmt::Debug for TxError<E> {
             TxError::Begin(e) => write!(f, "could not begin a transaction: {e}"),
             TxError::Handler(e) => write!(f, "{e:?} (the transaction was rolled back)"),
             TxError::Commit(e) => write!(f, "the transaction failed to commit: {e}"),
+            TxError::Aborted(why) => write!(f, "not committed: {why}"),
+            TxError::Check(e) => write!(f, "could not check the transaction before COMMIT: {e}"),
         }
     }
 }
@@ -47,7 +56,10 @@ impl Runner {
     /// `Ok` commits, and the message is
     /// acked only after the commit succeeded; `Err` (or a panic) rolls back,
     /// and the delivery counts as a failure, redelivered after a backoff and
-    /// parked at `max_deliveries`; a commit that fails counts the same. A
+    /// parked at `max_deliveries`; a commit that fails counts the same, and so
+    /// does a transaction the database ended under the handler (a failed
+    /// statement it swallowed: PostgreSQL's COMMIT would roll it back and
+    /// report success; see [`TxConnection::commit_refused`]). A
     /// duplicate replays the committed record. `final_err` is not available
     /// with `tx`: return a final outcome as `Ok`, and it commits.
     ///
@@ -91,6 +103,7 @@ impl Runner {
     where
         S: Source,
         DB: Database,
+        DB::Connection: TxConnection,
         M: FromDelivery,
         H: for<'t> Fn(&'t mut Transaction<'static, DB>, M) -> BoxFuture<'t, Result<T, E>>,
         E: fmt::Debug,
@@ -111,6 +124,7 @@ impl Runner {
     where
         D: Delivery,
         DB: Database,
+        DB::Connection: TxConnection,
         M: FromDelivery,
         H: for<'t> Fn(&'t mut Transaction<'static, DB>, M) -> BoxFuture<'t, Result<T, E>> + ?Sized,
         E: fmt::Debug,
@@ -123,12 +137,25 @@ impl Runner {
 async fn in_tx<DB, M, T, E, H>(pool: &Pool<DB>, handler: &H, message: M) -> Result<T, TxError<E>>
 where
     DB: Database,
+    DB::Connection: TxConnection,
     H: for<'t> Fn(&'t mut Transaction<'static, DB>, M) -> BoxFuture<'t, Result<T, E>> + ?Sized,
 {
     let mut tx = pool.begin().await.map_err(TxError::Begin)?;
     // An `Err` drops `tx`, which rolls it back: the claim the call made on it
     // goes with the business writes.
     let value = handler(&mut tx, message).await.map_err(TxError::Handler)?;
+    // The driver's commit reports success for a transaction the server has
+    // already ended (PostgreSQL: aborted by a failed statement the handler
+    // swallowed), so ask first; dropping `tx` then rolls it back.
+    let refused = match TxConnection::commit_refused(&mut *tx).await {
+        Ok(None) => None,
+        Ok(Some(why)) => Some(TxError::Aborted(why)),
+        Err(e) => Some(TxError::Check(e)),
+    };
+    if let Some(e) = refused {
+        super::mark_rolled_back();
+        return Err(e);
+    }
     if let Err(e) = tx.commit().await {
         super::mark_rolled_back();
         return Err(TxError::Commit(e));

@@ -67,6 +67,27 @@ pub trait TxConnection: Send {
     /// taken over while alive.
     fn in_transaction(&self) -> bool;
 
+    /// Why the transaction would not commit although the driver's commit
+    /// would report success, or `None` when it would commit: PostgreSQL
+    /// answers COMMIT of an aborted transaction with ROLLBACK and no error,
+    /// MariaDB and MySQL run the statements after a lost deadlock in
+    /// autocommit. [`Runner::run_in_tx`](crate::consumer::Runner::run_in_tx)
+    /// asks before it commits; call it before your own commit when a handler
+    /// may have swallowed a failed statement. The default (for a connection
+    /// whose commit fails on its own) is `None`.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "postgres")] async fn go(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::store::tx::TxConnection;
+    /// let mut tx = pool.begin().await?;
+    /// let _ = sqlx::query("SELECT 1 / 0").execute(&mut *tx).await; // an error swallowed
+    /// assert!(tx.commit_refused().await?.is_some());
+    /// # Ok(()) }
+    /// ```
+    async fn commit_refused(&mut self) -> Result<Option<&'static str>, StoreError> {
+        Ok(None)
+    }
+
     /// [`crate::store::Store::claim`], on this connection.
     async fn claim(&mut self, req: ClaimRequest<'_>) -> Result<Claim, StoreError>;
 

@@ -175,7 +175,10 @@ impl Sink for RabbitMqSink {
                 if returned.contains(m.id.as_str()) {
                     return Err(BrokerError::new(
                         "rabbitmq",
-                        format!("no queue is bound for `{}` (the message came back)", m.topic),
+                        format!(
+                            "no queue is bound for `{}` (the message came back)",
+                            m.topic
+                        ),
                     ));
                 }
                 // A return without an id cannot be told apart: every message

@@ -188,4 +188,14 @@ pub(crate) trait Dialect: sqlx::Database {
     /// Whether the error is a lost lock conflict, so running the operation
     /// again may succeed.
     fn is_retryable(error: &sqlx::Error) -> bool;
+
+    /// Why the transaction `conn` is in would not commit although sqlx's
+    /// `commit()` would return `Ok`, or `None` when it would commit.
+    /// PostgreSQL answers COMMIT of a transaction an earlier failed statement
+    /// aborted with ROLLBACK and no error; MariaDB and MySQL end a transaction
+    /// that lost a deadlock, run the statements after it in autocommit, and
+    /// answer COMMIT with OK.
+    fn commit_refused(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<Option<&'static str>, sqlx::Error>> + Send;
 }

@@ -1015,7 +1015,42 @@ impl Dialect for MySql {
             _ => false,
         }
     }
+
+    async fn commit_refused(
+        conn: &mut MySqlConnection,
+    ) -> Result<Option<&'static str>, sqlx::Error> {
+        // sqlx counts its own BEGINs; the server may have ended the
+        // transaction under it (a lost deadlock rolls it back). MariaDB says
+        // so in `@@in_transaction`; MySQL lacks the variable (1193) and lists
+        // the connection's InnoDB transaction instead, which the claim's own
+        // write has started.
+        const GONE: &str = "the server had already rolled the transaction back \
+             (a lost deadlock or lock wait): the statements after it ran in autocommit";
+        let open: i64 = match sqlx::query_scalar("SELECT CAST(@@in_transaction AS SIGNED)")
+            .fetch_one(&mut *conn)
+            .await
+        {
+            Ok(open) => open,
+            Err(sqlx::Error::Database(db))
+                if db
+                    .try_downcast_ref::<MySqlDatabaseError>()
+                    .is_some_and(|m| m.number() == ER_UNKNOWN_SYSTEM_VARIABLE) =>
+            {
+                sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM information_schema.innodb_trx \
+                     WHERE trx_mysql_thread_id = CONNECTION_ID()",
+                )
+                .fetch_one(&mut *conn)
+                .await?
+            }
+            Err(e) => return Err(e),
+        };
+        Ok((open == 0).then_some(GONE))
+    }
 }
+
+/// `Unknown system variable`.
+const ER_UNKNOWN_SYSTEM_VARIABLE: u16 = 1193;
 
 fn is_transient_code(number: u16) -> bool {
     matches!(number, ER_LOCK_DEADLOCK | ER_LOCK_WAIT_TIMEOUT)

@@ -936,4 +936,18 @@ impl Dialect for Postgres {
             _ => false,
         }
     }
+
+    async fn commit_refused(conn: &mut PgConnection) -> Result<Option<&'static str>, sqlx::Error> {
+        // sqlx keeps the server's transaction status ('E' in ReadyForQuery)
+        // to itself, so ask: in an aborted transaction every statement fails
+        // with 25P02 until it ends.
+        match conn.execute("SELECT 1").await {
+            Ok(_) => Ok(None),
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("25P02") => Ok(Some(
+                "the transaction was aborted by an earlier failed statement: \
+                 PostgreSQL would roll it back at COMMIT",
+            )),
+            Err(e) => Err(e),
+        }
+    }
 }

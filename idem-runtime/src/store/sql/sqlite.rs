@@ -678,6 +678,13 @@ impl Dialect for Sqlite {
     fn is_retryable(_: &sqlx::Error) -> bool {
         false
     }
+
+    async fn commit_refused(_: &mut SqliteConnection) -> Result<Option<&'static str>, sqlx::Error> {
+        // SQLite ends a transaction on its own only on a full disk, an I/O
+        // error or out of memory, and its COMMIT then fails ("no transaction
+        // is active"), which sqlx reports: nothing to ask beforehand.
+        Ok(None)
+    }
 }
 
 #[cfg(test)]

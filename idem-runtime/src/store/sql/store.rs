@@ -492,6 +492,12 @@ macro_rules! tx_connection {
                 sqlx::Connection::is_in_transaction(self)
             }
 
+            async fn commit_refused(&mut self) -> Result<Option<&'static str>, $crate::StoreError> {
+                <$db as $crate::store::sql::dialect::Dialect>::commit_refused(self)
+                    .await
+                    .map_err(|e| $crate::StoreError::new(self.backend(), $crate::store::tx::IN_TX, e))
+            }
+
             async fn claim(
                 &mut self,
                 req: $crate::store::ClaimRequest<'_>,
