@@ -37,13 +37,6 @@ pub(crate) struct Flow {
     /// kept here whether or not the context exists yet, and copied into
     /// the context when it is made later.
     lease_lost: Cell<bool>,
-    /// Outbox messages written in this run so far: a message's position, from
-    /// which its id derives (a retry writes them again in the same order).
-    #[cfg_attr(
-        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
-        allow(dead_code)
-    )]
-    outbox_written: Cell<u64>,
     context: OnceCell<Arc<FlowContext>>,
 }
 
@@ -67,7 +60,6 @@ impl Flow {
             fingerprint,
             parent: current(),
             lease_lost: Cell::new(false),
-            outbox_written: Cell::new(0),
             context: OnceCell::new(),
         }
     }
@@ -421,22 +413,6 @@ pub fn current_key() -> Option<Key> {
     FLOW.try_with(|f| f.key).ok()
 }
 
-/// The key of the call (or step) running on this task and the position of
-/// the next outbox message it writes, counted per run: a step's messages
-/// count under the step's key, so replaying a step shifts no later position.
-#[cfg_attr(
-    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
-    allow(dead_code)
-)]
-pub(crate) fn next_outbox_position() -> Option<(Key, u64)> {
-    FLOW.try_with(|f| {
-        let position = f.outbox_written.get();
-        f.outbox_written.set(position + 1);
-        (f.key, position)
-    })
-    .ok()
-}
-
 /// The fence of the idempotent call (or step) running on this task: a number
 /// that grows with every acquisition of its key.
 ///
@@ -561,18 +537,5 @@ mod tests {
         .now_or_never()
         .unwrap();
         assert!(!lease_lost());
-    }
-
-    /// Outbox positions count per run of the call, on the call's key.
-    #[test]
-    fn outbox_positions_count_per_run() {
-        let key = Key::builder("flow-tests").part("outbox").finish();
-        scope(flow("outbox"), async {
-            assert_eq!(next_outbox_position(), Some((key, 0)));
-            assert_eq!(next_outbox_position(), Some((key, 1)));
-        })
-        .now_or_never()
-        .unwrap();
-        assert_eq!(next_outbox_position(), None);
     }
 }

@@ -283,6 +283,8 @@ macro_rules! on_every_database {
 on_every_database!(
     rollback_publishes_nothing_and_commit_publishes_exactly_the_committed,
     a_retried_flow_writes_each_message_once,
+    a_retry_that_writes_another_message_sends_it_too,
+    a_transaction_tried_again_inside_the_call_writes_one_row,
     outside_a_call_a_message_needs_an_id_and_a_repeated_id_is_one_row,
     two_relays_publish_each_message_once,
     a_broker_outage_keeps_the_backlog_and_it_drains_after,

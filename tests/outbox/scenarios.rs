@@ -2,7 +2,7 @@
 //! brokers' own sinks are in `sinks.rs`).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
@@ -101,7 +101,11 @@ pub async fn rollback_publishes_nothing_and_commit_publishes_exactly_the_committ
 /// the id.
 #[async_trait::async_trait]
 pub trait Writes: Sync {
-    async fn write(&self, topic: &str) -> Result<String, FlowError>;
+    async fn write(&self, topic: &str) -> Result<String, FlowError> {
+        self.write_payload(topic, b"{}").await
+    }
+
+    async fn write_payload(&self, topic: &str, payload: &[u8]) -> Result<String, FlowError>;
 }
 
 pub struct Writer<DB: OutboxDatabase> {
@@ -111,13 +115,13 @@ pub struct Writer<DB: OutboxDatabase> {
 
 #[async_trait::async_trait]
 impl<DB: OutboxDatabase> Writes for Writer<DB> {
-    async fn write(&self, topic: &str) -> Result<String, FlowError> {
+    async fn write_payload(&self, topic: &str, payload: &[u8]) -> Result<String, FlowError> {
         let mut tx = self
             .pool
             .begin()
             .await
             .map_err(|e| FlowError::Db(e.to_string()))?;
-        let id = outbox::put(&mut tx, Message::bytes(topic, b"{}".to_vec()))
+        let id = outbox::put(&mut tx, Message::bytes(topic, payload.to_vec()))
             .await
             .map_err(|e| FlowError::Db(e.to_string()))?;
         tx.commit()
@@ -200,6 +204,80 @@ pub async fn a_retried_flow_writes_each_message_once<DB: OutboxDatabase>(pool: &
         .unwrap();
     assert!(other.iter().all(|id| !ids.contains(id)));
     assert_ne!(ids[0], ids[1]);
+}
+
+/// A first run commits message A on `topic` and crashes; its retry (A
+/// already out) writes message B on the same topic instead.
+#[idempotent(key = "order_id", scope = "tests.outbox.changed_retry")]
+async fn announce(
+    order_id: u64,
+    w: &dyn Writes,
+    topic: &str,
+    runs: &AtomicU32,
+) -> Result<(), FlowError> {
+    if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+        w.write_payload(topic, b"A").await?;
+        return Err(FlowError::Crashed);
+    }
+    w.write_payload(topic, b"B").await?;
+    Ok(())
+}
+
+/// Regression (issue 30, item 2): ids from the call's key and the message's
+/// position gave the retry's other message the first run's id, and the
+/// conflict was taken for success: it was never sent.
+pub async fn a_retry_that_writes_another_message_sends_it_too<DB: OutboxDatabase>(pool: &Pool<DB>) {
+    install_memory_store();
+    let w = Writer {
+        pool: pool.clone(),
+        written: Mutex::new(Vec::new()),
+    };
+    let topic = format!("changed.{}", tag());
+    let order_id = u64::from(u32::from_str_radix(&tag(), 16).unwrap());
+    let runs = AtomicU32::new(0);
+    let crashed = announce(order_id, &w, &topic, &runs).await;
+    assert!(matches!(crashed, Err(FlowError::Crashed)), "{crashed:?}");
+    announce(order_id, &w, &topic, &runs).await.unwrap();
+    let written = w.written.lock().unwrap().clone();
+    assert_eq!(written.len(), 2);
+    assert_ne!(
+        written[0], written[1],
+        "the second message has an id of its own"
+    );
+    assert_eq!(
+        backlog_of(pool, &topic).await.pending,
+        2,
+        "A and B are both sent"
+    );
+}
+
+/// Writes the same message twice, each in a transaction of its own: as a
+/// call does whose commit reported a failure although the server committed
+/// (the connection dropped during COMMIT) and which tries again.
+#[idempotent(key = "order_id", scope = "tests.outbox.tx_tried_again")]
+async fn commit_tried_again(order_id: u64, w: &dyn Writes, topic: &str) -> Result<(), FlowError> {
+    w.write_payload(topic, b"once").await?;
+    w.write_payload(topic, b"once").await?;
+    Ok(())
+}
+
+/// Regression (issue 30, item 10): the second write took the next position
+/// and a second row under another id, applied twice by a consumer keyed on
+/// the id.
+pub async fn a_transaction_tried_again_inside_the_call_writes_one_row<DB: OutboxDatabase>(
+    pool: &Pool<DB>,
+) {
+    install_memory_store();
+    let w = Writer {
+        pool: pool.clone(),
+        written: Mutex::new(Vec::new()),
+    };
+    let topic = format!("tried-again.{}", tag());
+    let order_id = u64::from(u32::from_str_radix(&tag(), 16).unwrap());
+    commit_tried_again(order_id, &w, &topic).await.unwrap();
+    let written = w.written.lock().unwrap().clone();
+    assert_eq!(written[0], written[1], "the same message, the same id");
+    assert_eq!(backlog_of(pool, &topic).await.pending, 1, "one row");
 }
 
 pub async fn outside_a_call_a_message_needs_an_id_and_a_repeated_id_is_one_row<

@@ -159,6 +159,43 @@ impl Key {
         ShortKey(self)
     }
 
+    /// The id of an outbox message written under this key (a call's or a
+    /// step's): a hash of the key and the whole message, so a retry that
+    /// writes the same message meets its row, and one that writes another
+    /// message (or the same one in another order) cannot take an id the
+    /// first run's messages hold.
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+        allow(dead_code)
+    )]
+    pub(crate) fn derive_message(
+        &self,
+        topic: &str,
+        ordering_key: Option<&str>,
+        headers: &std::collections::BTreeMap<String, String>,
+        payload: &[u8],
+    ) -> Key {
+        let mut enc = KeyEncoder::new();
+        enc.buf.push(ENCODING_VERSION);
+        enc.write_tagged_bytes(tag::LABEL, &self.0);
+        enc.write_str("outbox");
+        enc.write_str(topic);
+        match ordering_key {
+            Some(k) => {
+                enc.write_some();
+                enc.write_str(k);
+            }
+            None => enc.write_none(),
+        }
+        enc.write_seq_len(headers.len());
+        for (name, value) in headers {
+            enc.write_str(name);
+            enc.write_str(value);
+        }
+        enc.write_bytes(payload);
+        Key(Sha256::digest(&enc.buf).into())
+    }
+
     /// The key of the `index`-th call of `label` under this key (steps).
     pub(crate) fn derive_indexed(&self, label: &str, index: u64) -> Key {
         let mut enc = KeyEncoder::new();

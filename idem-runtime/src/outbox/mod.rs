@@ -20,10 +20,17 @@
 //! also drops a re-publish inside its duplicate window (`Nats-Msg-Id`).
 //!
 //! ## Message ids
-//! Inside an idempotent call (or step), a message's id derives from the call's
-//! key, the topic and the message's position among the messages this run wrote,
-//! so a retried call that writes the same messages again writes no second row
-//! (conflict is success). Outside one, give the id with [`Message::id`].
+//! Inside an idempotent call (or step), a message's id derives from the
+//! call's (or step's) key and the whole message: topic, ordering key, headers
+//! and payload. A retried call that writes the same message again meets its
+//! row and writes no second one (conflict is success), whether the retry is
+//! the call's or a transaction the call itself tried again. A retry that
+//! writes a different message (its first run's message is already committed,
+//! its later effects changed what it sends) gets a different id and is sent
+//! too: no message takes an id another one holds. So two messages that are
+//! the same in every part, written by one call, are one message: make them
+//! differ (a line number in the payload) or give each an id. Outside an
+//! idempotent call, give the id with [`Message::id`].
 //!
 //! ```no_run
 //! use idem_runtime::outbox::{self, Message};
@@ -183,11 +190,16 @@ impl Message {
         check_name("topic", &self.topic)?;
         let id = match self.id {
             Some(id) => id,
-            None => match crate::flow::next_outbox_position() {
-                Some((key, position)) => {
-                    let derived = key.derive_indexed(&format!("outbox\0{}", self.topic), position);
-                    derived.to_hex()[..32].to_owned()
-                }
+            None => match crate::flow::current_key() {
+                Some(key) => key
+                    .derive_message(
+                        &self.topic,
+                        self.ordering_key.as_deref(),
+                        &self.headers,
+                        &self.payload,
+                    )
+                    .to_hex()[..32]
+                    .to_owned(),
                 None => return Err(OutboxError::NoId { topic: self.topic }),
             },
         };
