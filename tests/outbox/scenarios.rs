@@ -300,6 +300,43 @@ pub async fn outside_a_call_a_message_needs_an_id_and_a_repeated_id_is_one_row<
         .await
         .unwrap_err();
     assert!(err.to_string().contains("over 255"), "{err}");
+    // Regression (issue 30, items 4 and 9): what no sink can carry is refused
+    // here, before it is committed. An AMQP routing key is at most 255
+    // bytes, not characters (one under and one over the limit).
+    let wide = "é".repeat(127);
+    outbox::put(&mut tx, msg(&format!("{wide}x"), "255-bytes"))
+        .await
+        .expect("a topic of 255 bytes");
+    let err = outbox::put(&mut tx, msg(&format!("{wide}xy"), "256-bytes"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("256 bytes, over 255"), "{err}");
+    // A header NATS would cut at CR/LF, never reaching a consumer.
+    for (name, value) in [
+        ("tenant", "acme\r\nNats-Msg-Id: forged"),
+        ("tenant", "a\nb"),
+    ] {
+        let err = outbox::put(&mut tx, msg(&topic, "h").header(name, value))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("header `tenant`"), "{err}");
+    }
+    for name in ["", "a b", "x:y", "caf\u{e9}"] {
+        let err = outbox::put(&mut tx, msg(&topic, "h").header(name, "v"))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("header name"), "{name:?}: {err}");
+    }
+    outbox::put(
+        &mut tx,
+        msg(&topic, "h-ok").header("x-tenant_id.v2", "acme, inc. \t é"),
+    )
+    .await
+    .expect("a token name and a value without CR, LF or NUL");
+    let err = outbox::put(&mut tx, msg("orders\ncreated", "t"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("topic"), "{err}");
     outbox::put(&mut tx, msg(&topic, "same")).await.unwrap();
     tx.commit().await.unwrap();
     // Written again by a retry that did not know: success, no second row.
@@ -307,7 +344,11 @@ pub async fn outside_a_call_a_message_needs_an_id_and_a_repeated_id_is_one_row<
     let id = outbox::put(&mut tx, msg(&topic, "same")).await.unwrap();
     tx.commit().await.unwrap();
     assert_eq!(id.as_str(), "same");
-    assert_eq!(backlog_of(pool, &topic).await.pending, 1);
+    assert_eq!(
+        backlog_of(pool, &topic).await.pending,
+        2,
+        "`same` and `h-ok`"
+    );
 }
 
 pub async fn two_relays_publish_each_message_once<DB: OutboxDatabase>(pool: &Pool<DB>) {

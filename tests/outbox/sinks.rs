@@ -238,6 +238,102 @@ async fn jetstream_drops_a_republish_by_nats_msg_id() {
     db.drop().await;
 }
 
+/// A stream of its own for one test, on `idem-outbox.<name>`.
+async fn jetstream_stream(js: &jetstream::Context) -> (String, String) {
+    let name = format!("IDEM_OUTBOX_{}", tag().to_uppercase());
+    let subject = format!("idem-outbox.{name}");
+    js.create_stream(stream::Config {
+        name: name.clone(),
+        subjects: vec![subject.clone()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    (name, subject)
+}
+
+/// Regression (issue 30, item 3): a batch above async-nats' pending-ack cap
+/// (5 000) waited on permits only acks free: nothing was confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jetstream_a_batch_over_the_clients_in_flight_cap_is_published() {
+    let Some(db) = postgres().await else { return };
+    let url = services::nats_url();
+    let Some(client) = services::reachable("NATS", &url, async_nats::connect(url.as_str()).await)
+    else {
+        return;
+    };
+    let js = jetstream::new(client);
+    let (name, subject) = jetstream_stream(&js).await;
+    let n = 6_000;
+    let ids: Vec<String> = (0..n).map(|i| format!("{name}-{i}")).collect();
+    write(&db.pool, &subject, &ids).await;
+    let relay = Relay::builder(db.pool.clone(), JetStreamSink::new(js.clone()))
+        .batch(n)
+        .build();
+    let round = tokio::time::timeout(Duration::from_secs(60), relay.run_once())
+        .await
+        .expect("the batch is confirmed within 60 s")
+        .unwrap();
+    assert_eq!((round.published, round.failed), (n, 0), "{round:?}");
+    let mut stream = js.get_stream(&name).await.unwrap();
+    assert_eq!(stream.info().await.unwrap().state.messages, n as u64);
+    let _ = js.delete_stream(&name).await;
+    db.drop().await;
+}
+
+/// Regression (issue 30, item 9): a payload over the server's `max_payload`
+/// made it close the connection, and the small messages batched with it
+/// failed too. It fails alone now, with the reason; a message exactly at the
+/// limit (headers counted) is published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jetstream_a_payload_over_max_payload_fails_alone() {
+    let Some(db) = postgres().await else { return };
+    let url = services::nats_url();
+    let Some(client) = services::reachable("NATS", &url, async_nats::connect(url.as_str()).await)
+    else {
+        return;
+    };
+    let max = client.server_info().max_payload;
+    let js = jetstream::new(client);
+    let (name, subject) = jetstream_stream(&js).await;
+    let small: Vec<String> = (0..3).map(|i| format!("{name}-small-{i}")).collect();
+    write(&db.pool, &subject, &small).await;
+    let (at, over) = (format!("{name}-at"), format!("{name}-over"));
+    let mut tx = db.pool.begin().await.unwrap();
+    // The header block NATS counts: `NATS/1.0\r\n`, each header line, the
+    // blank line; `Nats-Msg-Id` is the only header here.
+    let header_bytes = "NATS/1.0\r\n".len() + "Nats-Msg-Id: ".len() + at.len() + 2 + 2;
+    outbox::put(
+        &mut tx,
+        Message::bytes(subject.as_str(), vec![b'x'; max - header_bytes]).id(at.as_str()),
+    )
+    .await
+    .unwrap();
+    outbox::put(
+        &mut tx,
+        Message::bytes(subject.as_str(), vec![b'x'; max - header_bytes + 1]).id(over.as_str()),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let relay = Relay::builder(db.pool.clone(), JetStreamSink::new(js.clone()))
+        .batch(10)
+        .build();
+    let round = relay.run_once().await.unwrap();
+    assert_eq!((round.published, round.failed), (4, 1), "{round:?}");
+    let pending = outbox::list(&db.pool, outbox::MessageState::Pending, 10)
+        .await
+        .unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].id, over);
+    let reason = pending[0].last_error.as_deref().unwrap_or_default();
+    assert!(reason.contains("max_payload"), "{reason}");
+    let mut stream = js.get_stream(&name).await.unwrap();
+    assert_eq!(stream.info().await.unwrap().state.messages, 4);
+    let _ = js.delete_stream(&name).await;
+    db.drop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rabbitmq_carries_the_id_and_an_unroutable_message_is_not_marked_sent() {
     let Some(db) = postgres().await else { return };
@@ -349,6 +445,48 @@ async fn rabbitmq_returns_in_a_mixed_batch_are_matched_to_their_own_messages() {
     let actions = consume(&mut source, routed.len()).await;
     assert_eq!(dedup_count(&actions), (routed.len(), 0), "{actions:?}");
     assert!(routed.iter().all(|id| applied(id) == 1));
+    delete_queues(&conn, &queue).await;
+    db.drop().await;
+}
+
+/// Regression (issue 30, item 9): a routing key over 255 bytes broke the
+/// AMQP frame and the broker closed the channel, failing its neighbours. A
+/// row holding one (written before `put` refused them) fails alone now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rabbitmq_a_routing_key_over_255_bytes_fails_alone() {
+    let Some(db) = postgres().await else { return };
+    let url = services::rabbitmq_url();
+    let Some(conn) = services::reachable("RabbitMQ", &url, rabbitmq::connect(&url).await) else {
+        return;
+    };
+    let queue = format!("idem-test-outbox-long-{}", tag());
+    RabbitMqSource::declare(&conn.create_channel().await.unwrap(), &queue)
+        .await
+        .unwrap();
+    let ids: Vec<String> = (0..3).map(|i| format!("{queue}-{i}")).collect();
+    write(&db.pool, &queue, &ids).await;
+    // 128 characters, 256 bytes: what `put` counted as fine before.
+    let long = "é".repeat(128);
+    assert_eq!(long.len(), 256);
+    sqlx::query("UPDATE idem_outbox SET topic = $1 WHERE id = $2")
+        .bind(&long)
+        .bind(&ids[1])
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let sink = RabbitMqSink::new(conn.create_channel().await.unwrap())
+        .await
+        .unwrap();
+    let relay = Relay::builder(db.pool.clone(), sink).build();
+    let round = relay.run_once().await.unwrap();
+    assert_eq!((round.published, round.failed), (2, 1), "{round:?}");
+    let pending = outbox::list(&db.pool, outbox::MessageState::Pending, 10)
+        .await
+        .unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].id, ids[1]);
+    let reason = pending[0].last_error.as_deref().unwrap_or_default();
+    assert!(reason.contains("over AMQP's 255"), "{reason}");
     delete_queues(&conn, &queue).await;
     db.drop().await;
 }

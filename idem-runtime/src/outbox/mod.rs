@@ -121,7 +121,9 @@ impl Message {
     }
 
     /// A header the sink passes on (a stream field `h:<name>`, a NATS
-    /// header, an AMQP header).
+    /// header, an AMQP header). [`put`] refuses a name that is not visible
+    /// ASCII without `:` or is over 255 bytes, and a value holding CR, LF or
+    /// NUL: no broker carries those whole.
     pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Message {
         self.headers.insert(name.into(), value.into());
         self
@@ -153,7 +155,9 @@ pub enum OutboxError {
         /// The message's topic.
         topic: String,
     },
-    /// A topic, id or ordering key is empty or longer than the table holds.
+    /// A topic, id or ordering key is empty, longer than the table or a
+    /// broker holds, or holds a control character; or a header no broker can
+    /// carry (see [`Message::header`]).
     #[error("outbox message {what} {problem}")]
     Invalid {
         /// Which field.
@@ -167,9 +171,15 @@ pub enum OutboxError {
     Store(#[from] StoreError),
 }
 
-/// The longest topic, id or ordering key (MySQL indexes them as
-/// `VARCHAR(255)`; the same limit everywhere keeps schemas interchangeable).
+/// The longest topic, id or ordering key, in characters (MySQL indexes them
+/// as `VARCHAR(255)`; the same limit everywhere keeps schemas
+/// interchangeable).
 pub const MAX_NAME_CHARS: usize = 255;
+
+/// The longest topic, id and header name in bytes: an AMQP short string
+/// (routing key, `message-id`, a header's name) is at most 255 bytes, and a
+/// longer one breaks the frame for every message on the channel.
+pub const MAX_NAME_BYTES: usize = 255;
 
 fn check_name(what: &'static str, value: &str) -> Result<(), OutboxError> {
     let problem = if value.is_empty() {
@@ -179,10 +189,43 @@ fn check_name(what: &'static str, value: &str) -> Result<(), OutboxError> {
             "is {} characters, over {MAX_NAME_CHARS}",
             value.chars().count()
         )
+    } else if what != "ordering key" && value.len() > MAX_NAME_BYTES {
+        format!("is {} bytes, over {MAX_NAME_BYTES}", value.len())
+    } else if let Some(c) = value.chars().find(|c| c.is_control()) {
+        format!("holds the control character {c:?}")
     } else {
         return Ok(());
     };
     Err(OutboxError::Invalid { what, problem })
+}
+
+/// What every sink can carry as a header: a name of visible ASCII without
+/// `:` (an HTTP token, as NATS requires; at most 255 bytes, as AMQP
+/// requires) and a value without CR, LF or NUL (NATS ends a header line at
+/// CR/LF: the rest would be lost, or read as another header).
+fn check_header(name: &str, value: &str) -> Result<(), OutboxError> {
+    let bad_name = if name.is_empty() {
+        Some("is empty".to_owned())
+    } else if name.len() > MAX_NAME_BYTES {
+        Some(format!("is {} bytes, over {MAX_NAME_BYTES}", name.len()))
+    } else {
+        name.chars()
+            .find(|c| !c.is_ascii_graphic() || *c == ':')
+            .map(|c| format!("`{name}` holds {c:?}: use visible ASCII without `:`"))
+    };
+    if let Some(problem) = bad_name {
+        return Err(OutboxError::Invalid {
+            what: "header name",
+            problem,
+        });
+    }
+    match value.chars().find(|c| matches!(c, '\r' | '\n' | '\0')) {
+        Some(c) => Err(OutboxError::Invalid {
+            what: "header",
+            problem: format!("`{name}` holds {c:?} in its value, which no broker carries"),
+        }),
+        None => Ok(()),
+    }
 }
 
 impl Message {
@@ -206,6 +249,9 @@ impl Message {
         check_name("id", &id)?;
         if let Some(k) = &self.ordering_key {
             check_name("ordering key", k)?;
+        }
+        for (name, value) in &self.headers {
+            check_header(name, value)?;
         }
         let headers = if self.headers.is_empty() {
             None

@@ -34,6 +34,32 @@ fn broker(e: lapin::Error) -> BrokerError {
     BrokerError::new("rabbitmq", e)
 }
 
+/// The longest AMQP short string: a routing key, a `message-id`, a header's
+/// name. A longer one breaks the frame, and the broker closes the channel
+/// with every message of the batch on it.
+const SHORT_STRING_BYTES: usize = 255;
+
+/// Why `m` cannot go into an AMQP frame, so it fails alone. `put` refuses
+/// these; a row written before it did may still hold one.
+fn refused(m: &Outgoing) -> Option<BrokerError> {
+    let long = [
+        ("routing key", m.topic.as_str()),
+        ("message-id", m.id.as_str()),
+    ]
+    .into_iter()
+    .chain(m.headers.keys().map(|name| ("header name", name.as_str())))
+    .find(|(_, s)| s.len() > SHORT_STRING_BYTES)?;
+    Some(BrokerError::new(
+        "rabbitmq",
+        format!(
+            "the {} `{}` is {} bytes, over AMQP's {SHORT_STRING_BYTES}",
+            long.0,
+            long.1,
+            long.1.len()
+        ),
+    ))
+}
+
 async fn confirming(channel: &Channel) -> Result<(), BrokerError> {
     channel
         .confirm_select(ConfirmSelectOptions::default())
@@ -107,6 +133,10 @@ impl Sink for RabbitMqSink {
         }
         let mut pending = Vec::with_capacity(batch.len());
         for m in batch {
+            if let Some(e) = refused(m) {
+                pending.push(Err(e));
+                continue;
+            }
             let mut headers = FieldTable::default();
             for (name, value) in &m.headers {
                 headers.insert(
@@ -129,7 +159,8 @@ impl Sink for RabbitMqSink {
                     &m.payload,
                     props,
                 )
-                .await;
+                .await
+                .map_err(broker);
             pending.push(sent);
         }
         // Confirms are matched to messages by delivery tag, but lapin hands a
@@ -142,7 +173,7 @@ impl Sink for RabbitMqSink {
         let mut unmatched_return = false;
         for (m, sent) in batch.iter().zip(pending) {
             answers.push(match sent {
-                Err(e) => Err(broker(e)),
+                Err(e) => Err(e),
                 Ok(confirm) => match confirm.await {
                     Err(e) => Err(broker(e)),
                     Ok(c) => {
