@@ -100,6 +100,39 @@ fn handler<'t>(
     Box::pin(settle(tx, e))
 }
 
+/// A delivery whose transaction does not last (`fail` tells the handler how
+/// to end it) is retried, not acked, and the last one parks saying `why`.
+async fn not_acked_and_parked<DB, H>(
+    pool: &sqlx::Pool<DB>,
+    handler: &H,
+    order_id: &str,
+    fail: &str,
+    why: &str,
+) where
+    DB: sqlx::Database,
+    DB::Connection: idem_runtime::store::tx::TxConnection,
+    H: for<'t> Fn(
+        &'t mut Transaction<'static, DB>,
+        OrderPaid,
+    ) -> futures_util::future::BoxFuture<'t, Result<(), SettleError>>,
+{
+    let runner = runner();
+    let delivery = Memory::new(&payload(order_id, Some(fail)));
+    let log = delivery.log();
+    let action = runner.process_in_tx(delivery, pool, handler).await.unwrap();
+    assert!(
+        matches!(action, Action::Retried { attempt: 1, .. }),
+        "{action:?}"
+    );
+    assert!(log.lock().unwrap()[0].starts_with("retry"), "{log:?}");
+    let last = Memory::new(&payload(order_id, Some(fail))).attempt(3);
+    let action = runner.process_in_tx(last, pool, handler).await.unwrap();
+    let Action::Parked { reason } = action else {
+        panic!("parked at max_deliveries: {action:?}")
+    };
+    assert!(reason.contains(why), "{reason}");
+}
+
 #[tokio::test]
 async fn ok_commits_the_write_and_the_record_then_acks_and_a_duplicate_replays() {
     let store = sqlite().await;
@@ -355,30 +388,7 @@ mod postgres {
         let Some(store) = pg().await else { return };
         let runner = runner();
         let id = order_id("aborted");
-        let delivery = Memory::new(&payload(&id, Some("swallow")));
-        let log = delivery.log();
-        let action = runner
-            .process_in_tx(delivery, store.pool(), &handler)
-            .await
-            .unwrap();
-        assert!(
-            matches!(action, Action::Retried { attempt: 1, .. }),
-            "{action:?}"
-        );
-        assert!(log.lock().unwrap()[0].starts_with("retry"), "{log:?}");
-        // The last delivery parks, and says why.
-        let action = runner
-            .process_in_tx(
-                Memory::new(&payload(&id, Some("swallow"))).attempt(3),
-                store.pool(),
-                &handler,
-            )
-            .await
-            .unwrap();
-        let Action::Parked { reason } = action else {
-            panic!("parked at max_deliveries: {action:?}")
-        };
-        assert!(reason.contains("aborted"), "{reason}");
+        not_acked_and_parked(store.pool(), &handler, &id, "swallow", "aborted").await;
         let k = Key::builder("tests.consumer_tx.pg")
             .part("SETTLE")
             .part(&id)
@@ -570,33 +580,14 @@ mod mysql {
             std::process::id(),
             std::time::Instant::now()
         );
-        let action = runner
-            .process_in_tx(
-                Memory::new(&payload(&id, Some("ended"))),
-                store.pool(),
-                &handler,
-            )
-            .await
-            .unwrap();
-        assert!(
-            matches!(action, Action::Retried { attempt: 1, .. }),
-            "{action:?}"
-        );
-        let action = runner
-            .process_in_tx(
-                Memory::new(&payload(&id, Some("ended"))).attempt(3),
-                store.pool(),
-                &handler,
-            )
-            .await
-            .unwrap();
-        let Action::Parked { reason } = action else {
-            panic!("parked at max_deliveries: {action:?}")
-        };
-        assert!(
-            reason.contains("already rolled the transaction back"),
-            "{reason}"
-        );
+        not_acked_and_parked(
+            store.pool(),
+            &handler,
+            &id,
+            "ended",
+            "already rolled the transaction back",
+        )
+        .await;
         let action = runner
             .process_in_tx(
                 Memory::new(&payload(&id, None)).attempt(2),

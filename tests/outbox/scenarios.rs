@@ -321,7 +321,8 @@ pub async fn outside_a_call_a_message_needs_an_id_and_a_repeated_id_is_one_row<
             .unwrap_err();
         assert!(err.to_string().contains("header `tenant`"), "{err}");
     }
-    for name in ["", "a b", "x:y", "caf\u{e9}"] {
+    let long_name = "h".repeat(256);
+    for name in ["", "a b", "x:y", "caf\u{e9}", long_name.as_str()] {
         let err = outbox::put(&mut tx, msg(&topic, "h").header(name, "v"))
             .await
             .unwrap_err();
@@ -329,7 +330,9 @@ pub async fn outside_a_call_a_message_needs_an_id_and_a_repeated_id_is_one_row<
     }
     outbox::put(
         &mut tx,
-        msg(&topic, "h-ok").header("x-tenant_id.v2", "acme, inc. \t é"),
+        msg(&topic, "h-ok")
+            .header("x-tenant_id.v2", "acme, inc. \t é")
+            .header("h".repeat(255), "a name of 255 bytes"),
     )
     .await
     .expect("a token name and a value without CR, LF or NUL");

@@ -85,6 +85,16 @@ async fn relay_all(pool: &PgPool, sink: impl Sink + 'static, n: usize) {
     assert_eq!(round.published, n, "{round:?}");
 }
 
+/// The one message left pending after a round, with the reason it failed.
+async fn the_one_pending(pool: &PgPool) -> (String, String) {
+    let pending = outbox::list(pool, outbox::MessageState::Pending, 10)
+        .await
+        .unwrap();
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    let reason = pending[0].last_error.clone().unwrap_or_default();
+    (pending[0].id.clone(), reason)
+}
+
 fn dedup_count(actions: &[Action]) -> (usize, usize) {
     let processed = actions
         .iter()
@@ -321,12 +331,8 @@ async fn jetstream_a_payload_over_max_payload_fails_alone() {
         .build();
     let round = relay.run_once().await.unwrap();
     assert_eq!((round.published, round.failed), (4, 1), "{round:?}");
-    let pending = outbox::list(&db.pool, outbox::MessageState::Pending, 10)
-        .await
-        .unwrap();
-    assert_eq!(pending.len(), 1);
-    assert_eq!(pending[0].id, over);
-    let reason = pending[0].last_error.as_deref().unwrap_or_default();
+    let (id, reason) = the_one_pending(&db.pool).await;
+    assert_eq!(id, over);
     assert!(reason.contains("max_payload"), "{reason}");
     let mut stream = js.get_stream(&name).await.unwrap();
     assert_eq!(stream.info().await.unwrap().state.messages, 4);
@@ -368,10 +374,7 @@ async fn rabbitmq_carries_the_id_and_an_unroutable_message_is_not_marked_sent() 
     let relay = Relay::builder(db.pool.clone(), sink).build();
     let round = relay.run_once().await.unwrap();
     assert_eq!((round.published, round.failed), (0, 1));
-    let pending = outbox::list(&db.pool, outbox::MessageState::Pending, 10)
-        .await
-        .unwrap();
-    let reason = pending[0].last_error.as_deref().unwrap_or_default();
+    let (_, reason) = the_one_pending(&db.pool).await;
     assert!(reason.contains("no queue is bound"), "{reason}");
     delete_queues(&conn, &queue).await;
     db.drop().await;
@@ -480,12 +483,8 @@ async fn rabbitmq_a_routing_key_over_255_bytes_fails_alone() {
     let relay = Relay::builder(db.pool.clone(), sink).build();
     let round = relay.run_once().await.unwrap();
     assert_eq!((round.published, round.failed), (2, 1), "{round:?}");
-    let pending = outbox::list(&db.pool, outbox::MessageState::Pending, 10)
-        .await
-        .unwrap();
-    assert_eq!(pending.len(), 1);
-    assert_eq!(pending[0].id, ids[1]);
-    let reason = pending[0].last_error.as_deref().unwrap_or_default();
+    let (id, reason) = the_one_pending(&db.pool).await;
+    assert_eq!(id, ids[1]);
     assert!(reason.contains("over AMQP's 255"), "{reason}");
     delete_queues(&conn, &queue).await;
     db.drop().await;

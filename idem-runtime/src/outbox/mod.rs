@@ -181,7 +181,10 @@ pub const MAX_NAME_CHARS: usize = 255;
 /// longer one breaks the frame for every message on the channel.
 pub const MAX_NAME_BYTES: usize = 255;
 
-fn check_name(what: &'static str, value: &str) -> Result<(), OutboxError> {
+/// A topic, id or ordering key: not empty, within the table's characters
+/// and (`on_the_wire`: the topic and the id, which brokers carry) AMQP's
+/// bytes, no control characters.
+fn check_name(what: &'static str, value: &str, on_the_wire: bool) -> Result<(), OutboxError> {
     let problem = if value.is_empty() {
         "is empty".to_owned()
     } else if value.chars().count() > MAX_NAME_CHARS {
@@ -189,7 +192,7 @@ fn check_name(what: &'static str, value: &str) -> Result<(), OutboxError> {
             "is {} characters, over {MAX_NAME_CHARS}",
             value.chars().count()
         )
-    } else if what != "ordering key" && value.len() > MAX_NAME_BYTES {
+    } else if on_the_wire && value.len() > MAX_NAME_BYTES {
         format!("is {} bytes, over {MAX_NAME_BYTES}", value.len())
     } else if let Some(c) = value.chars().find(|c| c.is_control()) {
         format!("holds the control character {c:?}")
@@ -230,7 +233,7 @@ fn check_header(name: &str, value: &str) -> Result<(), OutboxError> {
 
 impl Message {
     fn into_row(self) -> Result<NewRow, OutboxError> {
-        check_name("topic", &self.topic)?;
+        check_name("topic", &self.topic, true)?;
         let id = match self.id {
             Some(id) => id,
             None => match crate::flow::current_key() {
@@ -246,9 +249,9 @@ impl Message {
                 None => return Err(OutboxError::NoId { topic: self.topic }),
             },
         };
-        check_name("id", &id)?;
+        check_name("id", &id, true)?;
         if let Some(k) = &self.ordering_key {
-            check_name("ordering key", k)?;
+            check_name("ordering key", k, false)?;
         }
         for (name, value) in &self.headers {
             check_header(name, value)?;

@@ -34,10 +34,10 @@ fn broker(e: lapin::Error) -> BrokerError {
     BrokerError::new("rabbitmq", e)
 }
 
-/// The longest AMQP short string: a routing key, a `message-id`, a header's
-/// name. A longer one breaks the frame, and the broker closes the channel
-/// with every message of the batch on it.
-const SHORT_STRING_BYTES: usize = 255;
+/// The longest AMQP short string (a routing key, a `message-id`, a header's
+/// name), the limit `put` holds names to. A longer one breaks the frame, and
+/// the broker closes the channel with every message of the batch on it.
+const SHORT_STRING_BYTES: usize = crate::outbox::MAX_NAME_BYTES;
 
 /// Why `m` cannot go into an AMQP frame, so it fails alone. `put` refuses
 /// these; a row written before it did may still hold one.
