@@ -125,6 +125,137 @@ async fn a_step_that_keeps_failing_inside_a_loop_runs_once_it_succeeds_and_only_
 }
 
 // ---------------------------------------------------------------------------
+// 1b. A loop over items that goes on past a failed call
+// ---------------------------------------------------------------------------
+
+/// Charges each item of a basket: an item's charge is retried once inside the
+/// body, then the body goes on to the next item and fails at the end if any
+/// item is left uncharged, so that a retry of the flow charges only those.
+#[derive(Default)]
+struct Basket {
+    store: MemoryStore,
+    /// How many more charges of an item time out.
+    failures: Mutex<std::collections::HashMap<u64, usize>>,
+    /// Items actually charged, in order.
+    charged: Mutex<Vec<u64>>,
+    /// The key each charge attempt ran under, by item.
+    keys: Mutex<Vec<(u64, Key)>>,
+}
+
+impl Basket {
+    #[idempotent(scope = "flow-tests.basket", key = "order_id", store = self.store)]
+    async fn charge_all(&self, order_id: u64, items: Vec<u64>) -> Result<Vec<String>, AppError> {
+        let mut receipts = Vec::new();
+        let mut uncharged = 0;
+        for &item in &items {
+            let mut attempt = 0;
+            loop {
+                match self.charge_item(order_id, item).await {
+                    Ok(receipt) => {
+                        receipts.push(receipt);
+                        break;
+                    }
+                    Err(AppError::Flaky) if attempt == 0 => attempt += 1,
+                    Err(AppError::Flaky) => {
+                        uncharged += 1;
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        if uncharged > 0 {
+            return Err(AppError::Flaky);
+        }
+        Ok(receipts)
+    }
+
+    #[step("charge_item", key = "item")]
+    async fn charge_item(&self, order_id: u64, item: u64) -> Result<String, AppError> {
+        let key = idem_runtime::current_key().expect("inside the step");
+        self.keys.lock().unwrap().push((item, key));
+        let mut failures = self.failures.lock().unwrap();
+        if let Some(n) = failures.get_mut(&item).filter(|n| **n > 0) {
+            *n -= 1;
+            return Err(AppError::Flaky);
+        }
+        self.charged.lock().unwrap().push(item);
+        Ok(format!("order {order_id}: item {item} charged"))
+    }
+}
+
+#[tokio::test]
+async fn a_keyed_step_in_a_loop_that_goes_on_past_a_failure_charges_each_item_once() {
+    let basket = Basket::default();
+    // Item 2 times out on both attempts of the first run and on the first
+    // attempt of the retry; item 3 is charged after item 2 gave up.
+    basket.failures.lock().unwrap().insert(2, 3);
+    assert!(matches!(
+        basket.charge_all(9, vec![1, 2, 3]).await,
+        Err(AppError::Flaky)
+    ));
+    assert_eq!(*basket.charged.lock().unwrap(), [1, 3]);
+
+    let receipts = basket.charge_all(9, vec![1, 2, 3]).await.unwrap();
+    assert_eq!(
+        *basket.charged.lock().unwrap(),
+        [1, 3, 2],
+        "an item was charged twice, or never"
+    );
+    assert_eq!(
+        receipts,
+        [
+            "order 9: item 1 charged",
+            "order 9: item 2 charged",
+            "order 9: item 3 charged"
+        ],
+        "a call replayed another item's saved output"
+    );
+    // The call is finished: it replays, and nothing more is charged.
+    assert_eq!(basket.charge_all(9, vec![1, 2, 3]).await.unwrap(), receipts);
+    assert_eq!(basket.charged.lock().unwrap().len(), 3);
+
+    // Each item ran under one key in both runs (what the client middleware
+    // sends as `Idempotency-Key`), and no two items shared one.
+    let keys = basket.keys.lock().unwrap();
+    let of = |item: u64| -> std::collections::BTreeSet<Key> {
+        keys.iter().filter(|(i, _)| *i == item).map(|(_, k)| *k).collect()
+    };
+    for item in [1, 2, 3] {
+        assert_eq!(of(item).len(), 1, "item {item} ran under several keys");
+    }
+    assert_eq!(keys.iter().filter(|(i, _)| *i == 2).count(), 4);
+    assert!(of(1).is_disjoint(&of(2)) && of(2).is_disjoint(&of(3)));
+}
+
+#[tokio::test]
+async fn a_keyed_step_called_twice_for_one_item_records_each_call() {
+    // Two finished calls for the same item are two records (numbered within
+    // the item), as two calls of an unkeyed step are.
+    #[derive(Default)]
+    struct Twice {
+        store: MemoryStore,
+        charged: Mutex<Vec<u64>>,
+    }
+    impl Twice {
+        #[idempotent(scope = "flow-tests.twice", key = "id", store = self.store)]
+        async fn run(&self, id: u64) -> Result<Vec<usize>, AppError> {
+            Ok(vec![self.charge(5).await?, self.charge(5).await?])
+        }
+        #[step("charge", key = "item")]
+        async fn charge(&self, item: u64) -> Result<usize, AppError> {
+            let mut charged = self.charged.lock().unwrap();
+            charged.push(item);
+            Ok(charged.len())
+        }
+    }
+    let twice = Twice::default();
+    assert_eq!(twice.run(1).await.unwrap(), [1, 2]);
+    assert_eq!(twice.run(1).await.unwrap(), [1, 2]);
+    assert_eq!(twice.charged.lock().unwrap().len(), 2);
+}
+
+// ---------------------------------------------------------------------------
 // 2. A released record and another payload
 // ---------------------------------------------------------------------------
 

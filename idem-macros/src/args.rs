@@ -241,6 +241,11 @@ pub(crate) struct StepArgs {
     pub name: Option<LitStr>,
     /// `compensate = "restore_stock"`: what undoes the step when its flow gives up.
     pub compensate: Option<LitStr>,
+    /// `key = "item.sku"`: the arguments that tell one call of the step in a
+    /// loop from the next (see `check::step`).
+    pub key: Option<LitStr>,
+    /// `allow = "…"`: exempts key segments from the misuse checks.
+    pub allow: Option<LitStr>,
     pub krate: Option<syn::Path>,
 }
 
@@ -248,6 +253,8 @@ pub(crate) fn parse_step(tokens: TokenStream, errors: &mut Errors) -> StepArgs {
     let mut args = StepArgs {
         name: None,
         compensate: None,
+        key: None,
+        allow: None,
         krate: None,
     };
     let parser = |input: ParseStream| -> syn::Result<()> {
@@ -274,7 +281,18 @@ pub(crate) fn parse_step(tokens: TokenStream, errors: &mut Errors) -> StepArgs {
                     let compensation = lit_str(&item, errors);
                     set_once(&mut args.compensate, compensation, &item.name, errors);
                 }
-                other => errors.error(&item.name, unknown(other, &["name", "compensate", "crate"])),
+                "key" => {
+                    let key = lit_str(&item, errors);
+                    set_once(&mut args.key, key, &item.name, errors);
+                }
+                "allow" => {
+                    let allow = lit_str(&item, errors);
+                    set_once(&mut args.allow, allow, &item.name, errors);
+                }
+                other => errors.error(
+                    &item.name,
+                    unknown(other, &["name", "key", "allow", "compensate", "crate"]),
+                ),
             }
         }
         Ok(())

@@ -486,8 +486,25 @@ pub(crate) fn step(plan: &StepPlan<'_>, func: &ItemFn, krate: &Path) -> TokenStr
     let body = body_block(func);
     let name = &plan.name;
     let call = match &plan.compensation {
-        None => quote!(__idem_dispatch.run_step(#name, #body).await),
-        Some(comp) => compensated_call(name, comp, body, krate),
+        None => quote!(__idem_dispatch.run_step(__idem_step, #body).await),
+        Some(comp) => compensated_call(comp, body, krate),
+    };
+    // The item key is built before the body's `async move` takes the arguments.
+    let step = if plan.key.is_empty() {
+        quote!(let __idem_step = #krate::__private::StepCall::new(#name);)
+    } else {
+        let parts = plan.key.iter().map(|seg| {
+            let expr = segment_expr(seg);
+            let k = respan(krate, seg.span);
+            quote_spanned!(seg.span=> #k::__private::key_part(&mut __idem_key, &#expr);)
+        });
+        quote! {
+            let __idem_step = {
+                let mut __idem_key = #krate::__private::key_builder(#name);
+                #(#parts)*
+                #krate::__private::StepCall::new(#name).item(__idem_key.finish())
+            };
+        }
     };
     quote! {
         #(#attrs)*
@@ -495,6 +512,7 @@ pub(crate) fn step(plan: &StepPlan<'_>, func: &ItemFn, krate: &Path) -> TokenStr
             #(#inner_attrs)*
             #checks
             #dispatch
+            #step
             #call
         }
     }
@@ -506,7 +524,6 @@ pub(crate) fn step(plan: &StepPlan<'_>, func: &ItemFn, krate: &Path) -> TokenStr
 /// `String`" land there. A method's compensation gets a clone of `self`: it
 /// runs after the flow's body, when the step's borrow has ended.
 fn compensated_call(
-    name: &LitStr,
     comp: &Compensation,
     body: TokenStream,
     krate: &Path,
@@ -539,7 +556,7 @@ fn compensated_call(
         use #krate::__private::{AfterTypeErrorCompensated as _, WhenTypesHoldCompensated as _};
         __idem_dispatch
             .run_step_compensated(
-                #name,
+                __idem_step,
                 #lit,
                 move |__idem_output| async move { #awaited },
                 #body,

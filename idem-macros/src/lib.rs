@@ -205,11 +205,20 @@ pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// run again. Outside an idempotent call (or inside one with `tx = …`, whose
 /// transaction already makes the call all-or-nothing) a step just runs.
 ///
+/// A failed call hands its number back, so that a body retrying a flaky step
+/// records the attempt that succeeded where a retry of the flow looks. In a
+/// loop whose body goes on to the next item after a call failed, that number
+/// would go to the next item: name what tells the items apart with
+/// `key = "item.sku"` (segments as in `#[idempotent]`'s `key`, with the same
+/// misuse checks and `allow`), and calls are numbered per item, so each item
+/// keeps its record and its key (`current_key()`, the client middleware's
+/// `Idempotency-Key`) whatever happened to the others.
+///
 /// Like `#[idempotent]`, the function must be `async` and return
 /// `Result<T, E>` with a `Serialize + DeserializeOwned` `T` and an `E` that is
-/// `From<idem_runtime::Error>`. Its options are the name and
-/// `crate = "path"` (where `idem_runtime` is, for re-exports; default
-/// `::idem_runtime`).
+/// `From<idem_runtime::Error>`. Its options are the name, `key`, `allow`,
+/// `compensate` and `crate = "path"` (where `idem_runtime` is, for
+/// re-exports; default `::idem_runtime`).
 ///
 /// # What it expands to
 ///
@@ -236,6 +245,32 @@ pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// // Outside an idempotent call both just run.
 /// assert_eq!(deduct_stock(3, 2).await.unwrap(), 6);
 /// assert_eq!(deduct_stock_by_hand(3, 2).await.unwrap(), 6);
+/// # });
+/// ```
+///
+/// With `key`, the item's key is built from the arguments before the body
+/// takes them:
+///
+/// ```
+/// use idem_runtime::protocol::{self, StepCall};
+/// use idem_runtime::{Key, step};
+///
+/// # #[derive(Debug)] pub struct AppError;
+/// # impl From<idem_runtime::Error> for AppError { fn from(_: idem_runtime::Error) -> Self { AppError } }
+/// #[step("charge_item", key = "sku")]
+/// async fn charge_item(sku: u64, cents: u64) -> Result<u64, AppError> {
+///     Ok(cents)
+/// }
+///
+/// // What `charge_item` becomes:
+/// async fn charge_item_by_hand(sku: u64, cents: u64) -> Result<u64, AppError> {
+///     let item = Key::builder("charge_item").part(&sku).finish();
+///     let call = StepCall::new("charge_item").item(item);
+///     protocol::run_step(call, async move { Ok(cents) }).await
+/// }
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// # assert_eq!(charge_item(1, 250).await.unwrap(), 250);
+/// # assert_eq!(charge_item_by_hand(1, 250).await.unwrap(), 250);
 /// # });
 /// ```
 #[proc_macro_attribute]

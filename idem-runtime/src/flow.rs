@@ -125,7 +125,7 @@ pub(crate) struct FlowContext {
     // The flow this call runs inside (a step's body runs inside its flow): a
     // lost lease up the chain stops new steps down here too.
     parent: Option<Arc<FlowContext>>,
-    occurrences: Mutex<HashMap<&'static str, Occurrences>>,
+    occurrences: Mutex<HashMap<(&'static str, Option<Key>), Occurrences>>,
     /// The compensations of the steps with `compensate` that finished (ran or
     /// replayed) in this run, in the order they finished.
     compensations: Mutex<Vec<Pending>>,
@@ -153,13 +153,16 @@ pub(crate) struct Pending {
 pub(crate) type CompensationFuture =
     std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 
-/// How a step name's calls are numbered within one run of a flow.
+/// How the calls of one step (its name and, with `#[step(key = …)]`, the key
+/// built from the call's arguments) are numbered within one run of a flow.
 ///
-/// A number is spent only when a call of the step reaches a stored outcome: a
-/// failed attempt hands its number back, so a body that retries a flaky step
-/// in a loop records the attempt that succeeded under the same number a
-/// retry of the whole flow will look up. Numbers in flight are skipped, so
-/// concurrent calls of one step never share a record.
+/// A number is spent only when a call reaches a stored outcome: a failed
+/// attempt hands its number back, so a body that retries a flaky step records
+/// the attempt that succeeded under the number a retry of the whole flow will
+/// look up. Numbers in flight are skipped, so concurrent calls never share a
+/// record. A handed-back number goes to the next call with the same name and
+/// item key: without a `key`, that may be the next item of a loop, which is
+/// why a loop that goes on past a failed call keys its step.
 #[derive(Default)]
 struct Occurrences {
     finished: BTreeSet<u64>,
@@ -180,6 +183,7 @@ impl Occurrences {
 pub(crate) struct Occurrence {
     flow: Arc<FlowContext>,
     name: &'static str,
+    item: Option<Key>,
     pub(crate) number: u64,
     finished: bool,
 }
@@ -194,7 +198,7 @@ impl Occurrence {
 impl Drop for Occurrence {
     fn drop(&mut self) {
         let mut map = self.flow.lock_occurrences();
-        let slots = map.entry(self.name).or_default();
+        let slots = map.entry((self.name, self.item)).or_default();
         slots.in_flight.remove(&self.number);
         if self.finished {
             slots.finished.insert(self.number);
@@ -215,7 +219,9 @@ impl FlowContext {
         })
     }
 
-    fn lock_occurrences(&self) -> std::sync::MutexGuard<'_, HashMap<&'static str, Occurrences>> {
+    fn lock_occurrences(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<(&'static str, Option<Key>), Occurrences>> {
         self.occurrences.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -236,13 +242,22 @@ impl FlowContext {
         }
     }
 
-    /// Numbers the next call of `step` and returns its record's key.
-    pub(crate) fn next_occurrence(self: &Arc<Self>, step: &'static str) -> (Occurrence, Key) {
-        let number = self.lock_occurrences().entry(step).or_default().take();
-        let key = self.step_root().derive_indexed(step, number);
+    /// Numbers the next call of `step` (of its `item`, for a keyed step) and
+    /// returns its record's key.
+    pub(crate) fn next_occurrence(
+        self: &Arc<Self>,
+        step: &'static str,
+        item: Option<Key>,
+    ) -> (Occurrence, Key) {
+        let number = self.lock_occurrences().entry((step, item)).or_default().take();
+        let key = match &item {
+            None => self.step_root().derive_indexed(step, number),
+            Some(item) => self.step_root().derive_item(step, item, number),
+        };
         let occurrence = Occurrence {
             flow: Arc::clone(self),
             name: step,
+            item,
             number,
             finished: false,
         };

@@ -252,6 +252,8 @@ fn check_segment(
 /// Everything the expansion of `#[step]` needs, validated.
 pub(crate) struct StepPlan<'a> {
     pub name: LitStr,
+    /// `key = …`: each call's item key is built from these.
+    pub key: Vec<Segment>,
     pub ok_type: Option<&'a Type>,
     pub err_type: Option<&'a Type>,
     pub compensation: Option<Compensation>,
@@ -294,12 +296,41 @@ pub(crate) fn step<'a>(
         .compensate
         .as_ref()
         .and_then(|lit| compensation(lit, func, errors));
+    let key = step_key(&args, func, errors);
     Some(StepPlan {
         name: args.name?,
+        key,
         ok_type: result.as_ref().map(|r| r.ok),
         err_type: result.and_then(|r| r.err),
         compensation,
     })
+}
+
+/// A step's `key`: the same segments, and the same misuse checks, as an
+/// idempotent call's, since they decide whether a retry finds the call's
+/// record. `allow` exempts segments from the checks as it does there.
+fn step_key(args: &StepArgs, func: &ItemFn, errors: &mut Errors) -> Vec<Segment> {
+    let allow: HashSet<String> = args
+        .allow
+        .as_ref()
+        .map(|l| l.value().split('|').map(|s| s.trim().to_owned()).collect())
+        .unwrap_or_default();
+    let key = match &args.key {
+        Some(lit) => segments::parse(lit, "key", errors),
+        None => Vec::new(),
+    };
+    let bindings = param_bindings::bindings(&func.sig);
+    for seg in &key {
+        check_segment(seg, Role::Key, &bindings, &allow, errors);
+    }
+    if let Some(lit) = &args.allow {
+        if args.key.is_none() {
+            errors.error(lit, "`allow` exempts key segments, and this step has no `key`");
+        } else {
+            check_allow_used(lit, &allow, key.iter(), errors);
+        }
+    }
+    key
 }
 
 fn compensation(lit: &LitStr, func: &ItemFn, errors: &mut Errors) -> Option<Compensation> {

@@ -205,6 +205,20 @@ impl Key {
         enc.write_uint(u128::from(index));
         Key(Sha256::digest(&enc.buf).into())
     }
+
+    /// The key of the `index`-th call of step `label` for one item (the key
+    /// `#[step(key = …)]` built from the call's arguments). The item is
+    /// written as tagged bytes where [`Key::derive_indexed`] writes the
+    /// number, so no keyed call shares a key with an unkeyed one.
+    pub(crate) fn derive_item(&self, label: &str, item: &Key, index: u64) -> Key {
+        let mut enc = KeyEncoder::new();
+        enc.buf.push(ENCODING_VERSION);
+        enc.write_tagged_bytes(tag::LABEL, &self.0);
+        enc.write_str(label);
+        enc.write_tagged_bytes(tag::LABEL, &item.0);
+        enc.write_uint(u128::from(index));
+        Key(Sha256::digest(&enc.buf).into())
+    }
 }
 
 /// The seal of a recoverable call's stored arguments: a hash of the key, the

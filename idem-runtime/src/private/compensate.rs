@@ -46,7 +46,7 @@ pub trait WhenTypesHoldCompensated<T, E> {
     #[allow(clippy::too_many_arguments)]
     fn run_step_compensated<'a, F, C, CF, U, E2>(
         &self,
-        name: &'static str,
+        step: crate::protocol::StepCall,
         compensation: &'static str,
         compensate: C,
         body: F,
@@ -66,7 +66,7 @@ impl<T: Cacheable, E: FromIdemError> WhenTypesHoldCompensated<T, E>
 {
     fn run_step_compensated<'a, F, C, CF, U, E2>(
         &self,
-        name: &'static str,
+        step: crate::protocol::StepCall,
         compensation: &'static str,
         compensate: C,
         body: F,
@@ -80,7 +80,7 @@ impl<T: Cacheable, E: FromIdemError> WhenTypesHoldCompensated<T, E>
         U: Cacheable + Send + 'static,
         E2: FromIdemError + Debug + Send + 'static,
     {
-        crate::protocol::run_step_compensated(name, compensation, compensate, body)
+        crate::protocol::run_step_compensated(step, compensation, compensate, body)
     }
 }
 
@@ -96,7 +96,7 @@ impl<T: ?Sized> NeverInstantiated<T> {
 pub trait AfterTypeErrorCompensated {
     fn run_step_compensated<'a, F, C>(
         &self,
-        _: &'static str,
+        _: crate::protocol::StepCall,
         _: &'static str,
         _: C,
         _: F,

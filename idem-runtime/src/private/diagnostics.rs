@@ -137,7 +137,7 @@ pub trait WhenTypesHold<T, E, M> {
 
     fn run_step<'a, F>(
         &self,
-        name: &'static str,
+        step: protocol::StepCall,
         body: F,
     ) -> impl Future<Output = Result<T, E>> + 'a
     where
@@ -201,7 +201,7 @@ impl<T: StoredForm<M>, E: FromIdemError, M: 'static> WhenTypesHold<T, E, M>
 
     fn run_step<'a, F>(
         &self,
-        name: &'static str,
+        step: protocol::StepCall,
         body: F,
     ) -> impl Future<Output = Result<T, E>> + 'a
     where
@@ -209,7 +209,7 @@ impl<T: StoredForm<M>, E: FromIdemError, M: 'static> WhenTypesHold<T, E, M>
         T: 'a,
         E: 'a,
     {
-        protocol::run_step::<T, M, E, F>(name, body)
+        protocol::run_step::<T, M, E, F>(step, body)
     }
 
     fn execute_in_tx<'a, C, F>(
@@ -410,7 +410,7 @@ pub trait AfterTypeError {
         async { unreachable!("AfterTypeError is never instantiated") }
     }
 
-    fn run_step<'a, F>(&self, _: &'static str, _: F) -> impl Future<Output = F::Output> + 'a
+    fn run_step<'a, F>(&self, _: protocol::StepCall, _: F) -> impl Future<Output = F::Output> + 'a
     where
         F: Future + 'a,
     {

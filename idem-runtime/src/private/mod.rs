@@ -9,7 +9,7 @@ pub(crate) mod diagnostics;
 mod recover;
 
 pub use crate::key::{FingerprintBuilder, Key, KeyBuilder};
-pub use crate::protocol::{Cacheable, FromIdemError, StorableError};
+pub use crate::protocol::{Cacheable, FromIdemError, StepCall, StorableError};
 pub use crate::recovery::{Ended, Prepared, Recoverable};
 pub use crate::site::CallSite;
 pub use crate::spec::{Kind, Spec};

@@ -471,26 +471,85 @@ where
     ))))
 }
 
+/// Which call of a step [`run_step`] runs: the step's name and, for a step
+/// declared with `#[step("name", key = "…")]`, the key built from the call's
+/// arguments (its *item*).
+///
+/// Calls are numbered per name and item by how many of them already finished
+/// in this run. A step without an item is numbered among all the calls of its
+/// name, so a loop whose body goes on past a failed call hands that call's
+/// number to the next item; keyed calls of different items never share a
+/// number, so each keeps its record however the others went.
+///
+/// ```
+/// use idem_runtime::Key;
+/// use idem_runtime::protocol::StepCall;
+///
+/// let plain: StepCall = "deduct_stock".into();
+/// let item = Key::builder("charge_item").part(&42_u64).finish();
+/// let keyed = StepCall::new("charge_item").item(item);
+/// assert_eq!(keyed.name(), "charge_item");
+/// assert_eq!(plain.item_key(), None);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepCall {
+    name: &'static str,
+    item: Option<Key>,
+}
+
+impl StepCall {
+    /// A call of the step `name`, numbered among all the calls of that name.
+    pub const fn new(name: &'static str) -> StepCall {
+        StepCall { name, item: None }
+    }
+
+    /// The call is for `item` (what `#[step(key = …)]` builds): it is
+    /// numbered among the calls of this name for the same item only.
+    pub const fn item(self, item: Key) -> StepCall {
+        StepCall {
+            name: self.name,
+            item: Some(item),
+        }
+    }
+
+    /// The step's name.
+    pub const fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The item's key, for a keyed call.
+    pub const fn item_key(&self) -> Option<Key> {
+        self.item
+    }
+}
+
+impl From<&'static str> for StepCall {
+    fn from(name: &'static str) -> StepCall {
+        StepCall::new(name)
+    }
+}
+
 /// Runs a step of the current flow: replays its saved output if an earlier
 /// attempt of the flow finished it, runs it otherwise. Outside a flow the body
 /// simply runs.
 ///
-/// Steps are told apart by `name` and by how many calls of that name already
-/// finished in this run of the flow: a step called in a loop records each
-/// call, and a failed attempt that the body retries reuses its number, so a
-/// retry of the whole flow finds the attempt that succeeded. When the flow
+/// Steps are told apart by name, item (see [`StepCall`]) and by how many calls
+/// of that name and item already finished in this run of the flow: a step
+/// called in a loop records each call, and a failed attempt that the body
+/// retries reuses its number, so a retry of the whole flow finds the attempt
+/// that succeeded. When the flow
 /// declares a fingerprint, step records are bound to it: another payload never
 /// sees them.
 ///
 /// A flow whose lease was taken over starts no new step: the call fails with
 /// [`Error::LeaseLost`].
-pub async fn run_step<T, M, E, F>(name: &'static str, body: F) -> Result<T, E>
+pub async fn run_step<T, M, E, F>(step: impl Into<StepCall>, body: F) -> Result<T, E>
 where
     T: StoredForm<M>,
     E: FromIdemError,
     F: Future<Output = Result<T, E>>,
 {
-    match step_in_flow::<T, M, E, F>(name, body).await {
+    match step_in_flow::<T, M, E, F>(step.into(), body).await {
         StepRun::Finished(value, ..) => Ok(value),
         StepRun::Ended(out) => out,
         StepRun::Outside(body) => body.await,
@@ -502,7 +561,7 @@ where
 /// and runs, recorded, if the flow gives up (a call with `final_err` ends with
 /// a final error). See the README's "Compensation".
 pub async fn run_step_compensated<T, E, F, C, CF, U, E2>(
-    name: &'static str,
+    step: impl Into<StepCall>,
     compensation: &'static str,
     compensate: C,
     body: F,
@@ -516,9 +575,10 @@ where
     U: Cacheable + Send + 'static,
     E2: FromIdemError + std::fmt::Debug + Send + 'static,
 {
-    match step_in_flow::<T, ViaSerde, E, F>(name, body).await {
+    let step = step.into();
+    match step_in_flow::<T, ViaSerde, E, F>(step, body).await {
         StepRun::Finished(value, flow, key) => {
-            compensate::register(&flow, name, compensation, key, &value, compensate);
+            compensate::register(&flow, step.name, compensation, key, &value, compensate);
             Ok(value)
         }
         StepRun::Ended(out) => out,
@@ -538,12 +598,13 @@ enum StepRun<T, E, F> {
 }
 
 /// A step's run inside a store-backed flow.
-async fn step_in_flow<T, M, E, F>(name: &'static str, body: F) -> StepRun<T, E, F>
+async fn step_in_flow<T, M, E, F>(step: StepCall, body: F) -> StepRun<T, E, F>
 where
     T: StoredForm<M>,
     E: FromIdemError,
     F: Future<Output = Result<T, E>>,
 {
+    let name = step.name;
     let Some((flow, store)) = flow::current_with_store() else {
         // Outside a flow there is nothing to resume; inside a transaction the
         // whole call commits or rolls back as one, so steps need no records.
@@ -562,7 +623,7 @@ where
         }
         .into()));
     }
-    let (occurrence, key) = flow.next_occurrence(name);
+    let (occurrence, key) = flow.next_occurrence(name, step.item);
     let executed = std::sync::atomic::AtomicBool::new(false);
     // Runs only when the step has no finished record, i.e. would run forward.
     let guarded = async {
