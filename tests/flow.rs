@@ -219,7 +219,10 @@ async fn a_keyed_step_in_a_loop_that_goes_on_past_a_failure_charges_each_item_on
     // sends as `Idempotency-Key`), and no two items shared one.
     let keys = basket.keys.lock().unwrap();
     let of = |item: u64| -> std::collections::BTreeSet<Key> {
-        keys.iter().filter(|(i, _)| *i == item).map(|(_, k)| *k).collect()
+        keys.iter()
+            .filter(|(i, _)| *i == item)
+            .map(|(_, k)| *k)
+            .collect()
     };
     for item in [1, 2, 3] {
         assert_eq!(of(item).len(), 1, "item {item} ran under several keys");

@@ -357,6 +357,205 @@ async fn unusable_arguments_are_parked_and_unknown_scopes_reported() {
     assert_eq!(w.stats().unregistered.get("billing.invoice"), Some(&1));
 }
 
+static STALLS: LazyLock<Effects> = LazyLock::new(Effects::default);
+/// Times the stalling step was entered (by the caller, then by the worker).
+static STALL_ENTERED: AtomicUsize = AtomicUsize::new(0);
+static QUICK: LazyLock<Effects> = LazyLock::new(Effects::default);
+
+#[idempotent(scope = "recovery.stalls", key = "order_no", lease = "1s", store = &*STORE, recover)]
+async fn stalls(order_no: String) -> Result<String, AppError> {
+    reserve(&STALLS, 1).await?;
+    stall(&order_no).await
+}
+
+/// Hangs while `STALLS.hold` is set, as a step waiting on a dead peer does.
+#[step("stall")]
+async fn stall(order_no: &str) -> Result<String, AppError> {
+    STALL_ENTERED.fetch_add(1, Ordering::SeqCst);
+    while STALLS.hold.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(format!("stalled-{order_no}"))
+}
+
+#[idempotent(scope = "recovery.quick", key = "order_no", lease = "1s", store = &*STORE, recover)]
+async fn quick(order_no: String) -> Result<String, AppError> {
+    reserve(&QUICK, 1).await?;
+    charge(&QUICK, &order_no).await
+}
+
+async fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never happened: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_flow_hanging_in_a_step_does_not_stop_the_next_passes() {
+    let _serial = SERIAL.lock().await;
+    abandon_in_step_two(&STALLS, stalls("h-1".into())).await;
+    // The worker's turn at it will hang in its second step too.
+    STALLS.hold.store(true, Ordering::SeqCst);
+    let w = Worker::builder(
+        &*STORE,
+        Recovery::new()
+            .register(recoverable!(stalls))
+            .register(recoverable!(quick)),
+    )
+    .poll_interval(Duration::from_millis(20))
+    .concurrency(2)
+    .build();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn({
+        let w = w.clone();
+        async move { w.run_until(stopped).await }
+    });
+    eventually("the worker's turn entered the hanging step", || {
+        STALL_ENTERED.load(Ordering::SeqCst) == 2
+    })
+    .await;
+
+    // Abandoned while the other turn hangs (and, as the clock moves on, its
+    // lease looks run out too): the passes go on and finish it.
+    abandon_in_step_two(&QUICK, quick("q-1".into())).await;
+    eventually("a flow abandoned meanwhile was recovered", || {
+        QUICK.charged.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    assert!(w.stats().passes >= 2, "{:?}", w.stats());
+    // Never a second turn at the claim this worker is still running.
+    assert_eq!(STALL_ENTERED.load(Ordering::SeqCst), 2);
+    assert_eq!(w.stats().recovered, 1, "{:?}", w.stats());
+
+    STALLS.hold.store(false, Ordering::SeqCst);
+    stop.send(()).unwrap();
+    running.await.unwrap();
+    // Shutdown let the turn in progress finish.
+    assert_eq!(w.stats().recovered, 2, "{:?}", w.stats());
+    assert_eq!(
+        stalls("h-1".into()).await.unwrap(),
+        "stalled-h-1",
+        "the caller coming back gets the recovered result"
+    );
+    assert_eq!(STALL_ENTERED.load(Ordering::SeqCst), 2);
+}
+
+/// The gauges of a scope go back to 0 once its abandoned claims are gone,
+/// whether the store still lists the scope or not (they kept their last
+/// value, so a dashboard showed a backlog that no longer existed).
+#[test]
+fn the_recovery_gauges_return_to_0_once_nothing_is_abandoned() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let clock = ManualClock::new(1_000_000);
+    let own = MemoryStore::builder().clock(clock.clone()).build();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    // A snapshot resets what it read (to 0, keys kept): the second pass gets
+    // a recorder of its own, so only what that pass set is in its snapshot.
+    type Snapshot = Vec<(
+        metrics_util::CompositeKey,
+        Option<metrics::Unit>,
+        Option<metrics::SharedString>,
+        DebugValue,
+    )>;
+    let gauge = |snapshot: &Snapshot, name: &str, scope: &str| -> Option<f64> {
+        snapshot.iter().find_map(|(k, _, _, v)| {
+            let key = k.key();
+            let labelled = key
+                .labels()
+                .any(|l| l.key() == "scope" && l.value() == scope);
+            match v {
+                DebugValue::Gauge(g) if key.name() == name && labelled => Some(g.into_inner()),
+                _ => None,
+            }
+        })
+    };
+    let foreign = Key::builder("billing.refund").part(&9u64).finish();
+    let mine = Key::builder("recovery.order").part("gauged").finish();
+    let foreign_token = Token::random();
+    let w = Worker::builder(own.clone(), Recovery::new().register(recoverable!(order))).build();
+    metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                for (key, scope, token) in [
+                    (&foreign, "billing.refund", foreign_token),
+                    (&mine, "recovery.order", Token::random()),
+                ] {
+                    let req = ClaimRequest {
+                        key,
+                        token,
+                        fingerprint: None,
+                        lease: Duration::from_secs(1),
+                        ttl: Duration::from_secs(3600),
+                    };
+                    // Arguments nobody sealed: the registered scope's claim is parked.
+                    let args = RecoveryArgs {
+                        scope,
+                        args: b"[9]",
+                    };
+                    own.claim_recoverable(req, args).await.unwrap();
+                }
+                clock.advance(Duration::from_secs(60));
+                w.run_once().await.unwrap();
+            })
+    });
+    let first = snapshotter.snapshot().into_vec();
+    assert_eq!(
+        gauge(&first, "idem_recovery_unregistered", "billing.refund"),
+        Some(1.0)
+    );
+    let oldest = gauge(
+        &first,
+        "idem_recovery_oldest_abandoned_seconds",
+        "billing.refund",
+    );
+    assert!(oldest >= Some(59.0), "{oldest:?}");
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                // Its owner's service came back and gave it up: nothing of
+                // the scope is left in the store's answer.
+                assert!(own.release(&foreign, foreign_token).await.unwrap());
+                w.run_once().await.unwrap();
+            })
+    });
+    let second = snapshotter.snapshot().into_vec();
+    assert_eq!(
+        gauge(&second, "idem_recovery_unregistered", "billing.refund"),
+        Some(0.0)
+    );
+    assert_eq!(
+        gauge(
+            &second,
+            "idem_recovery_oldest_abandoned_seconds",
+            "billing.refund"
+        ),
+        Some(0.0)
+    );
+    // The parked claim is not waiting for the worker any more either.
+    assert_eq!(
+        gauge(
+            &second,
+            "idem_recovery_oldest_abandoned_seconds",
+            "recovery.order"
+        ),
+        Some(0.0)
+    );
+}
+
 /// The README's "Recovery" example, line for line.
 mod readme {
     use super::*;

@@ -523,11 +523,7 @@ pub(crate) fn step(plan: &StepPlan<'_>, func: &ItemFn, krate: &Path) -> TokenStr
 /// string's span so rustc's "no function named …" and "expected `u64`, found
 /// `String`" land there. A method's compensation gets a clone of `self`: it
 /// runs after the flow's body, when the step's borrow has ended.
-fn compensated_call(
-    comp: &Compensation,
-    body: TokenStream,
-    krate: &Path,
-) -> TokenStream {
+fn compensated_call(comp: &Compensation, body: TokenStream, krate: &Path) -> TokenStream {
     let (lit, receiver, call) = match comp {
         Compensation::Method(lit, ident) => {
             let span = lit.span();

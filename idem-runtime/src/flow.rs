@@ -249,7 +249,11 @@ impl FlowContext {
         step: &'static str,
         item: Option<Key>,
     ) -> (Occurrence, Key) {
-        let number = self.lock_occurrences().entry((step, item)).or_default().take();
+        let number = self
+            .lock_occurrences()
+            .entry((step, item))
+            .or_default()
+            .take();
         let key = match &item {
             None => self.step_root().derive_indexed(step, number),
             Some(item) => self.step_root().derive_item(step, item, number),

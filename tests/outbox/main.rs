@@ -293,5 +293,6 @@ on_every_database!(
     a_relay_that_dies_holding_a_batch_leaves_it_to_the_next,
     sent_messages_are_purged_after_the_retention,
     a_relay_that_finishes_after_its_lease_marks_nothing,
+    a_relay_that_finishes_late_counts_the_rows_it_marked,
     a_running_relay_purges_sent_messages_after_the_retention,
 );

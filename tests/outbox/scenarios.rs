@@ -816,6 +816,61 @@ pub async fn a_relay_that_finishes_after_its_lease_marks_nothing<DB: OutboxDatab
     );
 }
 
+/// A stale relay that marks part of its batch late: the other relay took
+/// back two of its three messages, the third was still its own. The one row
+/// it marked is counted, per topic (was: nothing counted when fewer rows
+/// than confirmed were marked, so `idem_outbox_published_total` stayed one
+/// short forever).
+pub async fn a_relay_that_finishes_late_counts_the_rows_it_marked<DB: OutboxDatabase>(
+    pool: &Pool<DB>,
+) {
+    recorder();
+    let topic = format!("part-stale.{}", tag());
+    let mut tx = pool.begin().await.unwrap();
+    outbox::put_all(&mut tx, (0..3).map(|i| msg(&topic, &format!("p-{i}"))))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let (late_sink, _late_rx) = MemorySink::channel(100);
+    let publishing = Arc::new(AtomicBool::new(false));
+    let release = Arc::new(tokio::sync::Notify::new());
+    let stale = Relay::builder(
+        pool.clone(),
+        Stalls {
+            publishing: publishing.clone(),
+            release: release.clone(),
+            inner: late_sink,
+        },
+    )
+    .lease(Duration::from_secs(30))
+    .build();
+    let stale = Arc::new(stale);
+    let first = {
+        let stale = stale.clone();
+        tokio::spawn(async move { stale.run_once().await.unwrap() })
+    };
+    until("the first relay to publish", 10, || {
+        std::future::ready(publishing.load(Ordering::SeqCst))
+    })
+    .await;
+    for i in 0..2 {
+        assert!(outbox::retry(pool, &format!("p-{i}")).await.unwrap());
+    }
+    let (sink, _rx) = MemorySink::channel(100);
+    let next = Relay::builder(pool.clone(), sink).build();
+    assert_eq!(next.run_once().await.unwrap().published, 2);
+    release.notify_one();
+    let late = first.await.unwrap();
+    assert_eq!(late.published, 1, "{late:?}");
+    let b = backlog_of(pool, &topic).await;
+    assert_eq!((b.pending, b.sent, b.parked), (0, 3, 0));
+    assert_eq!(
+        metric("idem_outbox_published_total", &topic),
+        Some(3.0),
+        "each sent row counted once"
+    );
+}
+
 /// `run` purges what it sent once the retention is over, by itself; unsent
 /// messages stay.
 pub async fn a_running_relay_purges_sent_messages_after_the_retention<DB: OutboxDatabase>(

@@ -325,7 +325,10 @@ fn step_key(args: &StepArgs, func: &ItemFn, errors: &mut Errors) -> Vec<Segment>
     }
     if let Some(lit) = &args.allow {
         if args.key.is_none() {
-            errors.error(lit, "`allow` exempts key segments, and this step has no `key`");
+            errors.error(
+                lit,
+                "`allow` exempts key segments, and this step has no `key`",
+            );
         } else {
             check_allow_used(lit, &allow, key.iter(), errors);
         }

@@ -257,14 +257,13 @@ impl<DB: OutboxDatabase> Relay<DB> {
                 .await
                 .unwrap_or_default()
         };
-        let mut sent = Vec::new();
-        let mut sent_topics: BTreeMap<&str, u64> = BTreeMap::new();
+        // Sent rows by topic: each topic is marked by its own statement, so
+        // its count is the rows this relay marked, even when another relay
+        // took some of them back in the meantime.
+        let mut sent: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
         for (i, c) in to_send.iter().enumerate() {
             match results.get(i) {
-                Some(Ok(())) => {
-                    sent.push(c.seq);
-                    *sent_topics.entry(c.topic.as_str()).or_default() += 1;
-                }
+                Some(Ok(())) => sent.entry(c.topic.as_str()).or_default().push(c.seq),
                 failure => {
                     let reason = match failure {
                         Some(Err(e)) => e.to_string(),
@@ -288,24 +287,17 @@ impl<DB: OutboxDatabase> Relay<DB> {
                 round.failed += group.len();
             }
         }
-        if !sent.is_empty() {
+        for (topic, seqs) in sent {
             // Fewer rows than confirmed: this relay's lease ran out while the
             // broker answered and another relay has those messages now (they
             // are published again, and counted there).
-            let marked = DB::mark_sent(&self.pool, &token, &sent)
+            let marked = DB::mark_sent(&self.pool, &token, &seqs)
                 .await
                 .map_err(store_error::<DB>)?;
-            round.published = marked as usize;
+            round.published += marked as usize;
             self.counters.published.fetch_add(marked, Ordering::Relaxed);
-            // The count says how many rows, not which: per topic only when
-            // all were this relay's (the rare rest is counted by the relay
-            // that marked them).
-            if marked == sent.len() as u64 {
-                for (topic, n) in sent_topics {
-                    metrics::counter!("idem_outbox_published_total", "topic" => topic.to_owned())
-                        .increment(n);
-                }
-            }
+            metrics::counter!("idem_outbox_published_total", "topic" => topic.to_owned())
+                .increment(marked);
         }
         Ok(round)
     }

@@ -1,7 +1,7 @@
 //! The worker: finds claims whose lease ran out with arguments stored, and
 //! runs their registered function with those arguments.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -13,6 +13,7 @@ use super::metrics;
 use super::registry::{Ended, Recoverable, Recovery};
 use crate::clock::{Clock, SystemClock};
 use crate::error::StoreError;
+use crate::key::Key;
 use crate::observe::CallOutcome;
 use crate::protocol::args;
 use crate::protocol::recovering::{self as context, Expectation, Met};
@@ -66,10 +67,27 @@ pub struct Pass {
     pub parked: usize,
     /// Held by someone else.
     pub busy: usize,
+    /// Found but left for a later pass: this worker already runs a turn at
+    /// the claim, or all its `concurrency` turns were in flight (only in
+    /// [`Worker::run`], whose passes never wait for a turn to end).
+    pub deferred: usize,
     /// Abandoned claims per scope with no function registered.
     pub unregistered: BTreeMap<String, u64>,
     /// The oldest abandoned claim's wait.
     pub oldest_abandoned: Option<Duration>,
+}
+
+impl Pass {
+    fn count(&mut self, outcome: &Outcome) {
+        match outcome {
+            Outcome::Recovered => self.recovered += 1,
+            Outcome::GaveUp => self.gave_up += 1,
+            Outcome::Failed => self.failed += 1,
+            Outcome::Parked => self.parked += 1,
+            Outcome::Busy => self.busy += 1,
+            Outcome::Gone => {}
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -128,12 +146,16 @@ impl WorkerBuilder {
 
     /// The worker.
     pub fn build(self) -> Worker {
+        let concurrency = self.s.concurrency;
         Worker {
             store: self.store,
             recovery: Arc::new(self.recovery),
             s: self.s,
             stats: Arc::new(Mutex::new(WorkerStats::default())),
             clock: Arc::new(SystemClock),
+            permits: Arc::new(Semaphore::new(concurrency)),
+            running: Arc::new(Mutex::new(HashSet::new())),
+            gauged: Arc::new(Mutex::new(BTreeSet::new())),
         }
     }
 }
@@ -187,9 +209,24 @@ pub struct Worker {
     s: Settings,
     stats: Arc<Mutex<WorkerStats>>,
     clock: Arc<dyn Clock>,
+    /// `concurrency` turns at once, across passes: a pass of [`Worker::run`]
+    /// starts what the free permits allow and leaves the rest for the next.
+    permits: Arc<Semaphore>,
+    /// The claims this worker is running a turn at: a later pass can find
+    /// one abandoned again (its heartbeat late, a clock moved) and must not
+    /// start a second turn on it.
+    running: Arc<Mutex<HashSet<Key>>>,
+    /// The scopes whose gauges the last pass set, so a scope that has gone
+    /// from the store's answer is set back to 0 rather than left at its
+    /// last value.
+    gauged: Arc<Mutex<BTreeSet<String>>>,
 }
 
+/// A turn at one claim, spawned: its scope and how it went.
+type Turns = JoinSet<(&'static str, Outcome)>;
+
 /// How one turn went.
+#[derive(Clone, Copy)]
 enum Outcome {
     Recovered,
     GaveUp,
@@ -232,40 +269,47 @@ impl Worker {
     }
 
     /// One pass: every abandoned claim found in a registered scope gets its
-    /// turn (up to `batch` per scope, `concurrency` at once); abandoned claims
-    /// of other scopes are counted and reported. `Err` only when the store
-    /// failed (or keeps no recovery state); a recovery's own failure is
-    /// counted, and the claim comes back after its backoff.
+    /// turn (up to `batch` per scope, `concurrency` at once), and the pass
+    /// returns once they all ended; abandoned claims of other scopes are
+    /// counted and reported. `Err` only when the store failed (or keeps no
+    /// recovery state); a recovery's own failure is counted, and the claim
+    /// comes back after its backoff.
     pub async fn run_once(&self) -> Result<Pass, StoreError> {
-        let out = self.pass().await;
-        let mut stats = lock(&self.stats);
-        stats.passes += 1;
-        match &out {
-            Ok(pass) => {
-                stats.recovered += pass.recovered as u64;
-                stats.gave_up += pass.gave_up as u64;
-                stats.failed += pass.failed as u64;
-                stats.parked += pass.parked as u64;
-                stats.busy += pass.busy as u64;
-                stats.unregistered = pass.unregistered.clone();
-                stats.oldest_abandoned = pass.oldest_abandoned;
-                stats.last_error = None;
+        let mut turns = Turns::new();
+        let scanned = self.scan(&mut turns, Permits::Wait).await;
+        let mut pass = match scanned {
+            Ok(pass) => pass,
+            Err(e) => {
+                // Turns started before the store failed still run to the end.
+                while let Some(joined) = turns.join_next().await {
+                    self.settle(joined);
+                }
+                self.passed(Err(&e));
+                return Err(e);
             }
-            Err(e) => stats.last_error = Some(e.to_string()),
+        };
+        while let Some(joined) = turns.join_next().await {
+            if let Some(outcome) = self.settle(joined) {
+                pass.count(&outcome);
+            }
         }
-        out
+        self.passed(Ok(&pass));
+        Ok(pass)
     }
 
-    async fn pass(&self) -> Result<Pass, StoreError> {
+    /// Finds the abandoned claims, spawns a turn at each into `turns` as
+    /// permits allow, and sets the gauges. The outcomes are the caller's to
+    /// collect (with [`Worker::settle`]).
+    async fn scan(&self, turns: &mut Turns, permits: Permits) -> Result<Pass, StoreError> {
         let stored: BTreeSet<String> = self.store.recovery_scopes().await?.into_iter().collect();
         let now = self.clock.now_millis();
         let mut pass = Pass::default();
-        let mut jobs = JoinSet::new();
-        let permits = Arc::new(Semaphore::new(self.s.concurrency));
+        let mut gauged = BTreeSet::new();
         for scope in self.recovery.scopes() {
             let found = self.store.abandoned(scope, self.s.batch).await?;
             let oldest = found.first().map_or(Duration::ZERO, |a| waited(a, now));
             metrics::oldest_abandoned(scope, oldest);
+            gauged.insert(scope.to_owned());
             pass.found += found.len();
             if !found.is_empty() {
                 pass.oldest_abandoned = pass.oldest_abandoned.max(Some(oldest));
@@ -276,16 +320,41 @@ impl Worker {
                 .expect("a registered scope has its function")
                 .clone();
             for abandoned in found {
-                let permit = permits
-                    .clone()
-                    .acquire_owned()
-                    .await
-                    .expect("the semaphore is never closed");
+                if lock(&self.running).contains(&abandoned.key) {
+                    pass.deferred += 1;
+                    continue;
+                }
+                let permit = match permits {
+                    Permits::Wait => self
+                        .permits
+                        .clone()
+                        .acquire_owned()
+                        .await
+                        .expect("the semaphore is never closed"),
+                    Permits::Free => match self.permits.clone().try_acquire_owned() {
+                        Ok(permit) => permit,
+                        Err(_) => {
+                            pass.deferred += 1;
+                            continue;
+                        }
+                    },
+                };
+                // Checked again under the permit: a turn may have started
+                // at it while this pass waited.
+                if !lock(&self.running).insert(abandoned.key) {
+                    pass.deferred += 1;
+                    continue;
+                }
+                let running = Running {
+                    key: abandoned.key,
+                    set: Arc::clone(&self.running),
+                    _permit: permit,
+                };
                 let worker = self.clone();
                 let function = function.clone();
-                jobs.spawn(async move {
+                turns.spawn(async move {
                     let outcome = worker.turn(&function, &abandoned).await;
-                    drop(permit);
+                    drop(running);
                     (function.scope(), outcome)
                 });
             }
@@ -294,9 +363,12 @@ impl Worker {
         for scope in stored.iter().filter(|s| self.recovery.get(s).is_none()) {
             let found = self.store.abandoned(scope, self.s.batch).await?;
             metrics::unregistered(scope, found.len());
-            let Some(first) = found.first() else { continue };
-            let oldest = waited(first, now);
+            gauged.insert(scope.clone());
+            let oldest = found.first().map_or(Duration::ZERO, |a| waited(a, now));
             metrics::oldest_abandoned(scope, oldest);
+            if found.is_empty() {
+                continue;
+            }
             pass.oldest_abandoned = pass.oldest_abandoned.max(Some(oldest));
             tracing::warn!(
                 scope,
@@ -306,38 +378,67 @@ impl Worker {
             );
             pass.unregistered.insert(scope.clone(), found.len() as u64);
         }
-        while let Some(joined) = jobs.join_next().await {
-            let (scope, outcome) = match joined {
-                Ok(done) => done,
-                // `turn` itself does not panic; a panicking function is caught inside it.
-                Err(e) => {
-                    tracing::error!(error = %e, "a recovery task ended abnormally");
-                    pass.failed += 1;
-                    continue;
-                }
-            };
-            match outcome {
-                Outcome::Recovered => {
-                    metrics::recovered(scope, "ok");
-                    pass.recovered += 1;
-                }
-                Outcome::GaveUp => {
-                    metrics::recovered(scope, "final_error");
-                    pass.gave_up += 1;
-                }
-                Outcome::Failed => {
-                    metrics::failed(scope);
-                    pass.failed += 1;
-                }
-                Outcome::Parked => {
-                    metrics::parked(scope);
-                    pass.parked += 1;
-                }
-                Outcome::Busy => pass.busy += 1,
-                Outcome::Gone => {}
-            }
+        // A scope the store no longer lists has nothing abandoned left.
+        let mut last = lock(&self.gauged);
+        for gone in last.difference(&gauged) {
+            metrics::unregistered(gone, 0);
+            metrics::oldest_abandoned(gone, Duration::ZERO);
         }
+        *last = gauged;
         Ok(pass)
+    }
+
+    /// One ended turn: its metrics and the worker's counts. `None` for a task
+    /// that ended abnormally (counted as failed).
+    fn settle(
+        &self,
+        joined: Result<(&'static str, Outcome), tokio::task::JoinError>,
+    ) -> Option<Outcome> {
+        let (scope, outcome) = match joined {
+            Ok(done) => done,
+            // `turn` itself does not panic; a panicking function is caught inside it.
+            Err(e) => {
+                tracing::error!(error = %e, "a recovery task ended abnormally");
+                lock(&self.stats).failed += 1;
+                return Some(Outcome::Failed);
+            }
+        };
+        let mut stats = lock(&self.stats);
+        match outcome {
+            Outcome::Recovered => {
+                metrics::recovered(scope, "ok");
+                stats.recovered += 1;
+            }
+            Outcome::GaveUp => {
+                metrics::recovered(scope, "final_error");
+                stats.gave_up += 1;
+            }
+            Outcome::Failed => {
+                metrics::failed(scope);
+                stats.failed += 1;
+            }
+            Outcome::Parked => {
+                metrics::parked(scope);
+                stats.parked += 1;
+            }
+            Outcome::Busy => stats.busy += 1,
+            Outcome::Gone => {}
+        }
+        Some(outcome)
+    }
+
+    /// A pass's scan ended: what it found goes into the stats.
+    fn passed(&self, scanned: Result<&Pass, &StoreError>) {
+        let mut stats = lock(&self.stats);
+        stats.passes += 1;
+        match scanned {
+            Ok(pass) => {
+                stats.unregistered = pass.unregistered.clone();
+                stats.oldest_abandoned = pass.oldest_abandoned;
+                stats.last_error = None;
+            }
+            Err(e) => stats.last_error = Some(e.to_string()),
+        }
     }
 
     /// One abandoned claim: check and decode its arguments, take the turn,
@@ -474,25 +575,68 @@ impl Worker {
         }
     }
 
-    /// Passes until the process ends, `poll_interval` apart. Store errors are
-    /// logged and retried next pass; they never end the loop.
+    /// Passes until the process ends, `poll_interval` apart. A pass starts
+    /// turns at what it found while fewer than `concurrency` run, and never
+    /// waits for them: a flow that hangs in a step holds one turn, and the
+    /// passes (and flows abandoned meanwhile) go on. Store errors are logged
+    /// and retried next pass; they never end the loop.
     pub async fn run(&self) {
         self.run_until(std::future::pending::<()>()).await
     }
 
-    /// [`Worker::run`] until `shutdown` completes (a pass in progress is
-    /// finished first).
+    /// [`Worker::run`] until `shutdown` completes. The turns in progress are
+    /// finished first; dropping the returned future instead aborts them,
+    /// which leaves their claims as a crash would, for a later recovery.
     pub async fn run_until<F: Future>(&self, shutdown: F) {
         let mut shutdown = std::pin::pin!(shutdown);
+        let mut turns = Turns::new();
         loop {
-            if let Err(e) = self.run_once().await {
-                tracing::warn!(error = %e, "recovery pass failed; retrying next pass");
+            match self.scan(&mut turns, Permits::Free).await {
+                Ok(pass) => self.passed(Ok(&pass)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "recovery pass failed; retrying next pass");
+                    self.passed(Err(&e));
+                }
             }
-            tokio::select! {
-                () = tokio::time::sleep(self.s.poll) => {}
-                _ = &mut shutdown => return,
+            let next = std::pin::pin!(tokio::time::sleep(self.s.poll));
+            let mut next = next;
+            loop {
+                tokio::select! {
+                    () = &mut next => break,
+                    Some(joined) = turns.join_next(), if !turns.is_empty() => {
+                        self.settle(joined);
+                    }
+                    _ = &mut shutdown => {
+                        while let Some(joined) = turns.join_next().await {
+                            self.settle(joined);
+                        }
+                        return;
+                    }
+                }
             }
         }
+    }
+}
+
+/// Whether a pass waits for a free turn ([`Worker::run_once`]) or leaves
+/// what finds none for the next pass ([`Worker::run`]).
+#[derive(Clone, Copy)]
+enum Permits {
+    Wait,
+    Free,
+}
+
+/// A turn in flight: its permit, and its key in the worker's running set
+/// until the turn ends (or its task is aborted).
+struct Running {
+    key: Key,
+    set: Arc<Mutex<HashSet<Key>>>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        lock(&self.set).remove(&self.key);
     }
 }
 
