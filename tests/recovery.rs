@@ -409,6 +409,10 @@ async fn a_flow_hanging_in_a_step_does_not_stop_the_next_passes() {
     )
     .poll_interval(Duration::from_millis(20))
     .concurrency(2)
+    // No backoff to hide behind: only the worker's own running set keeps a
+    // later pass from a second turn at the hanging claim, whose lease looks
+    // run out each time the clock moves past it before its next heartbeat.
+    .backoff(Duration::from_millis(1), Duration::from_millis(1))
     .build();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn({
@@ -427,6 +431,10 @@ async fn a_flow_hanging_in_a_step_does_not_stop_the_next_passes() {
         QUICK.charged.load(Ordering::SeqCst) == 1
     })
     .await;
+    for _ in 0..5 {
+        CLOCK.advance(Duration::from_secs(2));
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
     assert!(w.stats().passes >= 2, "{:?}", w.stats());
     // Never a second turn at the claim this worker is still running.
     assert_eq!(STALL_ENTERED.load(Ordering::SeqCst), 2);
@@ -443,6 +451,20 @@ async fn a_flow_hanging_in_a_step_does_not_stop_the_next_passes() {
         "the caller coming back gets the recovered result"
     );
     assert_eq!(STALL_ENTERED.load(Ordering::SeqCst), 2);
+}
+
+/// Runs `calls` to its end on a runtime of its own, under `recorder` alone.
+fn recorded(
+    recorder: &metrics_util::debugging::DebuggingRecorder,
+    calls: impl Future<Output = ()>,
+) {
+    metrics::with_local_recorder(recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(calls)
+    });
 }
 
 /// The gauges of a scope go back to 0 once its abandoned claims are gone,
@@ -479,33 +501,27 @@ fn the_recovery_gauges_return_to_0_once_nothing_is_abandoned() {
     let mine = Key::builder("recovery.order").part("gauged").finish();
     let foreign_token = Token::random();
     let w = Worker::builder(own.clone(), Recovery::new().register(recoverable!(order))).build();
-    metrics::with_local_recorder(&recorder, || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(async {
-                for (key, scope, token) in [
-                    (&foreign, "billing.refund", foreign_token),
-                    (&mine, "recovery.order", Token::random()),
-                ] {
-                    let req = ClaimRequest {
-                        key,
-                        token,
-                        fingerprint: None,
-                        lease: Duration::from_secs(1),
-                        ttl: Duration::from_secs(3600),
-                    };
-                    // Arguments nobody sealed: the registered scope's claim is parked.
-                    let args = RecoveryArgs {
-                        scope,
-                        args: b"[9]",
-                    };
-                    own.claim_recoverable(req, args).await.unwrap();
-                }
-                clock.advance(Duration::from_secs(60));
-                w.run_once().await.unwrap();
-            })
+    recorded(&recorder, async {
+        for (key, scope, token) in [
+            (&foreign, "billing.refund", foreign_token),
+            (&mine, "recovery.order", Token::random()),
+        ] {
+            let req = ClaimRequest {
+                key,
+                token,
+                fingerprint: None,
+                lease: Duration::from_secs(1),
+                ttl: Duration::from_secs(3600),
+            };
+            // Arguments nobody sealed: the registered scope's claim is parked.
+            let args = RecoveryArgs {
+                scope,
+                args: b"[9]",
+            };
+            own.claim_recoverable(req, args).await.unwrap();
+        }
+        clock.advance(Duration::from_secs(60));
+        w.run_once().await.unwrap();
     });
     let first = snapshotter.snapshot().into_vec();
     assert_eq!(
@@ -520,17 +536,11 @@ fn the_recovery_gauges_return_to_0_once_nothing_is_abandoned() {
     assert!(oldest >= Some(59.0), "{oldest:?}");
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
-    metrics::with_local_recorder(&recorder, || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(async {
-                // Its owner's service came back and gave it up: nothing of
-                // the scope is left in the store's answer.
-                assert!(own.release(&foreign, foreign_token).await.unwrap());
-                w.run_once().await.unwrap();
-            })
+    recorded(&recorder, async {
+        // Its owner's service came back and gave it up: nothing of
+        // the scope is left in the store's answer.
+        assert!(own.release(&foreign, foreign_token).await.unwrap());
+        w.run_once().await.unwrap();
     });
     let second = snapshotter.snapshot().into_vec();
     assert_eq!(

@@ -20,6 +20,20 @@ use crate::segments::Segment;
 /// type `Buy`" without its fix-it, which would replace the whole string with the
 /// field name. Field access ignores that hygiene; the root keeps the string's
 /// own span, since it must resolve to the user's parameter.
+/// Pushes each key segment into `__idem_key`, on the segment's own span so a
+/// type that is no `KeyPart` is reported there (`#[idempotent]`'s key and a
+/// step's `key` alike).
+fn key_parts(segments: &[Segment], krate: &Path) -> TokenStream {
+    segments
+        .iter()
+        .map(|seg| {
+            let expr = segment_expr(seg);
+            let k = respan(krate, seg.span);
+            quote_spanned!(seg.span=> #k::__private::key_part(&mut __idem_key, &#expr);)
+        })
+        .collect()
+}
+
 fn segment_expr(seg: &Segment) -> TokenStream {
     let root = syn::Ident::new(&seg.root, seg.span);
     let field_span = Span::mixed_site().located_at(seg.span);
@@ -235,11 +249,7 @@ pub(crate) fn idempotent(plan: &Plan<'_>, func: &ItemFn, krate: &Path) -> TokenS
         .as_ref()
         .map(|e: &LitStr| quote!(#krate::__private::key_part(&mut __idem_key, #e);));
     let event_label = plan.event.as_ref().map(|e: &LitStr| quote!(.event(#e)));
-    let key_parts = plan.key.iter().map(|seg| {
-        let expr = segment_expr(seg);
-        let k = respan(krate, seg.span);
-        quote_spanned!(seg.span=> #k::__private::key_part(&mut __idem_key, &#expr);)
-    });
+    let key_parts = key_parts(&plan.key, krate);
     let fingerprint = if plan.fingerprint.is_empty() {
         quote!(#krate::__private::None)
     } else {
@@ -334,7 +344,7 @@ pub(crate) fn idempotent(plan: &Plan<'_>, func: &ItemFn, krate: &Path) -> TokenS
             let __idem_key = {
                 let mut __idem_key = #krate::__private::key_builder(__IDEM_SPEC.scope);
                 #event
-                #(#key_parts)*
+                #key_parts
                 __idem_key.finish()
             };
             let __idem_fp = #fingerprint;
@@ -493,15 +503,11 @@ pub(crate) fn step(plan: &StepPlan<'_>, func: &ItemFn, krate: &Path) -> TokenStr
     let step = if plan.key.is_empty() {
         quote!(let __idem_step = #krate::__private::StepCall::new(#name);)
     } else {
-        let parts = plan.key.iter().map(|seg| {
-            let expr = segment_expr(seg);
-            let k = respan(krate, seg.span);
-            quote_spanned!(seg.span=> #k::__private::key_part(&mut __idem_key, &#expr);)
-        });
+        let parts = key_parts(&plan.key, krate);
         quote! {
             let __idem_step = {
                 let mut __idem_key = #krate::__private::key_builder(#name);
-                #(#parts)*
+                #parts
                 #krate::__private::StepCall::new(#name).item(__idem_key.finish())
             };
         }

@@ -747,21 +747,27 @@ impl Sink for Stalls {
     }
 }
 
-/// A stale relay acting late: its lease ran out while the broker held its
-/// answer, another relay published and marked the batch, and then the
-/// broker confirms to the first. It marks nothing and counts nothing: the
-/// messages are sent once in the table, counted once.
-pub async fn a_relay_that_finishes_after_its_lease_marks_nothing<DB: OutboxDatabase>(
+/// A relay stalled with `ids` of `topic` in flight: it claimed and handed
+/// them to a broker that holds its answer until `release` is notified. Its
+/// lease is long (its own deadline is 80 % of it): the test ends the claim
+/// by hand. Returns the relay, its pending round, `release` and what the
+/// broker got.
+async fn stalled_relay<DB: OutboxDatabase>(
     pool: &Pool<DB>,
+    topic: &str,
+    ids: &[String],
+) -> (
+    Arc<Relay<DB>>,
+    tokio::task::JoinHandle<outbox::Round>,
+    Arc<tokio::sync::Notify>,
+    Receiver<Outgoing>,
 ) {
-    recorder();
-    let topic = format!("stale.{}", tag());
     let mut tx = pool.begin().await.unwrap();
-    outbox::put_all(&mut tx, (0..3).map(|i| msg(&topic, &format!("s-{i}"))))
+    outbox::put_all(&mut tx, ids.iter().map(|id| msg(topic, id)))
         .await
         .unwrap();
     tx.commit().await.unwrap();
-    let (late_sink, mut late_rx) = MemorySink::channel(100);
+    let (late_sink, late_rx) = MemorySink::channel(100);
     let publishing = Arc::new(AtomicBool::new(false));
     let release = Arc::new(tokio::sync::Notify::new());
     let stale = Relay::builder(
@@ -772,8 +778,6 @@ pub async fn a_relay_that_finishes_after_its_lease_marks_nothing<DB: OutboxDatab
             inner: late_sink,
         },
     )
-    // Its lease is long (the relay's own deadline is 80 % of it); the test
-    // ends it by hand below.
     .lease(Duration::from_secs(30))
     .build();
     let stale = Arc::new(stale);
@@ -785,6 +789,20 @@ pub async fn a_relay_that_finishes_after_its_lease_marks_nothing<DB: OutboxDatab
         std::future::ready(publishing.load(Ordering::SeqCst))
     })
     .await;
+    (stale, first, release, late_rx)
+}
+
+/// A stale relay acting late: its lease ran out while the broker held its
+/// answer, another relay published and marked the batch, and then the
+/// broker confirms to the first. It marks nothing and counts nothing: the
+/// messages are sent once in the table, counted once.
+pub async fn a_relay_that_finishes_after_its_lease_marks_nothing<DB: OutboxDatabase>(
+    pool: &Pool<DB>,
+) {
+    recorder();
+    let topic = format!("stale.{}", tag());
+    let batch: Vec<String> = (0..3).map(|i| format!("s-{i}")).collect();
+    let (stale, first, release, mut late_rx) = stalled_relay(pool, &topic, &batch).await;
     // The first relay's claim ends as if its lease had run out (an
     // operator's `retry` makes the messages due at once, claims cleared).
     for i in 0..3 {
@@ -826,33 +844,8 @@ pub async fn a_relay_that_finishes_late_counts_the_rows_it_marked<DB: OutboxData
 ) {
     recorder();
     let topic = format!("part-stale.{}", tag());
-    let mut tx = pool.begin().await.unwrap();
-    outbox::put_all(&mut tx, (0..3).map(|i| msg(&topic, &format!("p-{i}"))))
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    let (late_sink, _late_rx) = MemorySink::channel(100);
-    let publishing = Arc::new(AtomicBool::new(false));
-    let release = Arc::new(tokio::sync::Notify::new());
-    let stale = Relay::builder(
-        pool.clone(),
-        Stalls {
-            publishing: publishing.clone(),
-            release: release.clone(),
-            inner: late_sink,
-        },
-    )
-    .lease(Duration::from_secs(30))
-    .build();
-    let stale = Arc::new(stale);
-    let first = {
-        let stale = stale.clone();
-        tokio::spawn(async move { stale.run_once().await.unwrap() })
-    };
-    until("the first relay to publish", 10, || {
-        std::future::ready(publishing.load(Ordering::SeqCst))
-    })
-    .await;
+    let batch: Vec<String> = (0..3).map(|i| format!("p-{i}")).collect();
+    let (_stale, first, release, _late_rx) = stalled_relay(pool, &topic, &batch).await;
     for i in 0..2 {
         assert!(outbox::retry(pool, &format!("p-{i}")).await.unwrap());
     }

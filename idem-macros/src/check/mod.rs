@@ -47,11 +47,7 @@ pub(crate) fn idempotent<'a>(
     errors: &mut Errors,
 ) -> Plan<'a> {
     let result = signature::check(&func.sig, "idempotent", errors);
-    let allow: HashSet<String> = args
-        .allow
-        .as_ref()
-        .map(|l| l.value().split('|').map(|s| s.trim().to_owned()).collect())
-        .unwrap_or_default();
+    let allow = allowed(args.allow.as_ref());
     let consumer = args.consumer.is_some();
 
     if let (Some(event), false) = (&args.event, consumer) {
@@ -134,6 +130,13 @@ pub(crate) fn idempotent<'a>(
         err_type: result.and_then(|r| r.err),
         recover,
     }
+}
+
+/// The names an `allow = "a|b"` exempts.
+fn allowed(allow: Option<&LitStr>) -> HashSet<String> {
+    allow
+        .map(|l| l.value().split('|').map(|s| s.trim().to_owned()).collect())
+        .unwrap_or_default()
 }
 
 /// An `allow` entry that exempts nothing is a typo or a leftover, and would
@@ -310,11 +313,7 @@ pub(crate) fn step<'a>(
 /// idempotent call's, since they decide whether a retry finds the call's
 /// record. `allow` exempts segments from the checks as it does there.
 fn step_key(args: &StepArgs, func: &ItemFn, errors: &mut Errors) -> Vec<Segment> {
-    let allow: HashSet<String> = args
-        .allow
-        .as_ref()
-        .map(|l| l.value().split('|').map(|s| s.trim().to_owned()).collect())
-        .unwrap_or_default();
+    let allow = allowed(args.allow.as_ref());
     let key = match &args.key {
         Some(lit) => segments::parse(lit, "key", errors),
         None => Vec::new(),

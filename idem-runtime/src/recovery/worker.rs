@@ -585,8 +585,9 @@ impl Worker {
     }
 
     /// [`Worker::run`] until `shutdown` completes. The turns in progress are
-    /// finished first; dropping the returned future instead aborts them,
-    /// which leaves their claims as a crash would, for a later recovery.
+    /// finished first; dropping the returned future instead aborts them, as
+    /// dropping any idempotent call's future does: their claims come back
+    /// once their lease runs out.
     pub async fn run_until<F: Future>(&self, shutdown: F) {
         let mut shutdown = std::pin::pin!(shutdown);
         let mut turns = Turns::new();
@@ -598,8 +599,7 @@ impl Worker {
                     self.passed(Err(&e));
                 }
             }
-            let next = std::pin::pin!(tokio::time::sleep(self.s.poll));
-            let mut next = next;
+            let mut next = std::pin::pin!(tokio::time::sleep(self.s.poll));
             loop {
                 tokio::select! {
                     () = &mut next => break,
