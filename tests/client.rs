@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, LazyLock, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -89,10 +89,18 @@ async fn answer(
     let (status, retry_after) = d.script.lock().unwrap().pop_front().unwrap_or((200, None));
     let status = StatusCode::from_u16(status).unwrap();
     match retry_after {
+        Some(DATE_IN_30_S) => {
+            let date = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(30));
+            (status, [("retry-after", date)]).into_response()
+        }
         Some(after) => (status, [("retry-after", after)]).into_response(),
         None => status.into_response(),
     }
 }
+
+/// In a script, a `Retry-After` answered as the HTTP-date 30 s after the
+/// moment of the answer.
+const DATE_IN_30_S: &str = "<the date in 30 s>";
 
 /// Serves a fresh downstream that answers `script` first.
 async fn serve(script: &[(u16, Option<&'static str>)]) -> (String, Arc<Downstream>) {
@@ -466,5 +474,58 @@ async fn a_retry_after_past_max_delay_is_handed_to_the_caller() {
         "3600",
         "the caller sees when to come back"
     );
+    assert_eq!(psp.seen().len(), 1);
+}
+
+// On a paused clock, as above; the date is read against the wall clock,
+// which the pause does not stop, so the wait is the date's 29 to 30 s.
+#[tokio::test(start_paused = true)]
+async fn retry_after_as_an_http_date_is_waited_until_that_date() {
+    let (url, psp) = serve(&[(503, Some(DATE_IN_30_S))]).await;
+
+    let started = tokio::time::Instant::now();
+    let response = client().get(&url).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(psp.seen().len(), 2);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(28),
+        "retried after {waited:?}, before the date the server gave"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 409: the first request with this key is still being processed
+// ---------------------------------------------------------------------------
+
+const STILL_PROCESSING: (u16, Option<&str>) = (409, None);
+
+#[tokio::test(start_paused = true)]
+async fn a_keyed_409_is_retried_with_the_same_key_after_its_retry_after() {
+    let (url, psp) = serve(&[STILL_PROCESSING, (409, Some("5"))]).await;
+
+    let started = tokio::time::Instant::now();
+    let (status, expected) = charge(&client(), &url, 409).await.unwrap();
+    assert_eq!(status, 200, "the 409 was handed to the body as the answer");
+    let keys = psp.keys();
+    assert_eq!(keys, vec![vec![expected]; 3], "one key, three attempts");
+    assert!(started.elapsed() >= Duration::from_secs(5));
+}
+
+#[tokio::test]
+async fn a_keyed_409_on_every_attempt_reaches_the_caller_once_the_attempts_are_spent() {
+    let (url, psp) = serve(&[STILL_PROCESSING; 6]).await;
+
+    let (status, _) = charge(&client(), &url, 410).await.unwrap();
+    assert_eq!(status, 409);
+    assert_eq!(psp.seen().len(), 4, "max_attempts(4)");
+}
+
+#[tokio::test]
+async fn a_keyless_409_is_a_conflict_and_is_not_retried() {
+    let (url, psp) = serve(&[STILL_PROCESSING, STILL_PROCESSING]).await;
+
+    // Even a GET, which is retried on a 503: a keyless 409 is an answer.
+    assert_eq!(client().get(&url).send().await.unwrap().status(), 409);
     assert_eq!(psp.seen().len(), 1);
 }

@@ -216,3 +216,59 @@ async fn failing_handler_is_parked_with_its_error() {
     };
     idem_tests::consumer::failing_handler_is_parked_with_its_error(b).await;
 }
+
+/// A slow but healthy consumer: each run takes 700 ms, under `claim_idle`
+/// (1 s), and the default batch (10) leaves entries waiting in its buffer
+/// for several seconds. None may be taken over or have a delivery counted
+/// that never ran: with `max_deliveries(1)`, one counted twice would be
+/// parked unrun (was: the buffered entries passed `claim_idle`, were dropped,
+/// came back through `XAUTOCLAIM` as second deliveries and were parked as
+/// crashed).
+#[tokio::test]
+async fn a_slow_healthy_consumer_has_nothing_taken_over_or_counted_twice() {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    let Some(b) = Streams::new().await else {
+        return;
+    };
+    let orders: Vec<String> = (0..6).map(|i| format!("slow-{i}")).collect();
+    for id in &orders {
+        b.publish(&order(id.as_str())).await;
+    }
+    let source = RedisStreamsSource::builder(&b.stream, &b.group, "slow")
+        .claim_idle(Duration::from_secs(1))
+        .block(Duration::from_millis(200))
+        .connect(&b.client)
+        .await
+        .unwrap();
+    let runs: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+    let runner = runner().max_deliveries(1);
+    let task = spawn_with::<Streams, _, _, _>(source, &runner, {
+        let runs = runs.clone();
+        move |e: OrderPaid| {
+            let runs = runs.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(700)).await;
+                *runs.lock().unwrap().entry(e.order_id).or_default() += 1;
+                Ok::<_, SettleError>(())
+            }
+        }
+    });
+    eventually("every entry is acked or parked", || async {
+        let s = runner.stats();
+        s.acked + s.parked >= orders.len() as u64
+    })
+    .await;
+    task.abort();
+
+    assert_eq!(b.parked().await, vec![], "parked without being run");
+    let runs = runs.lock().unwrap().clone();
+    for id in &orders {
+        assert_eq!(runs.get(id), Some(&1), "{id}: {runs:?}");
+    }
+    let stats = runner.stats();
+    assert_eq!((stats.delivered, stats.processed), (6, 6), "{stats:?}");
+    assert!(b.drained().await);
+    b.cleanup().await;
+}

@@ -21,6 +21,7 @@ mod completion;
 mod fail_closed;
 mod purge;
 mod records;
+mod recovery_index;
 mod scripts;
 
 use std::net::TcpListener as StdListener;

@@ -2,7 +2,10 @@
 //! connection closes, new ones are refused) or make hold the server's replies
 //! (requests still reach the server, answers wait): the two ways a network
 //! fails a client mid-call. `set_down` is a cut that ends: the server is
-//! unreachable for a while, then back.
+//! unreachable for a while, then back. `hold_requests_with` stalls a client
+//! between two commands: the first request holding a given byte string waits
+//! (with all that follows it) until `release_requests`, so a test can run
+//! something else at exactly that point.
 
 use std::time::Duration;
 
@@ -15,6 +18,10 @@ pub struct Proxy {
     cut: watch::Sender<bool>,
     hold: watch::Sender<bool>,
     down: watch::Sender<bool>,
+    /// The bytes whose request is held, if any.
+    gate: watch::Sender<Option<&'static [u8]>>,
+    /// How many requests the gate holds right now.
+    held: watch::Sender<usize>,
 }
 
 impl Proxy {
@@ -25,6 +32,9 @@ impl Proxy {
         let (cut, cut_rx) = watch::channel(false);
         let (hold, hold_rx) = watch::channel(false);
         let (down, down_rx) = watch::channel(false);
+        let (gate, gate_rx) = watch::channel(None);
+        let (held, _) = watch::channel(0usize);
+        let held_tx = held.clone();
         tokio::spawn(async move {
             let mut stop = cut_rx.clone();
             loop {
@@ -40,12 +50,16 @@ impl Proxy {
                 let mut stop = cut_rx.clone();
                 let mut outage = down_rx.clone();
                 let hold = hold_rx.clone();
+                let gate = Gate {
+                    pattern: gate_rx.clone(),
+                    held: held_tx.clone(),
+                };
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(upstream).await else {
                         return;
                     };
                     tokio::select! {
-                        () = forward(client, server, hold) => {}
+                        () = forward(client, server, hold, gate) => {}
                         _ = stop.wait_for(|cut| *cut) => {}
                         _ = outage.wait_for(|down| *down) => {}
                     }
@@ -57,6 +71,8 @@ impl Proxy {
             cut,
             hold,
             down,
+            gate,
+            held,
         }
     }
 
@@ -83,12 +99,66 @@ impl Proxy {
     pub fn hold_replies(&self, hold: bool) {
         self.hold.send_replace(hold);
     }
+
+    /// From now on, a request (one read from the client) that contains
+    /// `bytes` is not forwarded, and neither is anything after it on its
+    /// connection, until [`release_requests`](Self::release_requests).
+    pub fn hold_requests_with(&self, bytes: &'static [u8]) {
+        self.gate.send_replace(Some(bytes));
+    }
+
+    /// Waits until the gate holds a request.
+    pub async fn request_held(&self) {
+        let mut held = self.held.subscribe();
+        held.wait_for(|n| *n > 0).await.unwrap();
+    }
+
+    /// Forwards what the gate held, and holds nothing more.
+    pub fn release_requests(&self) {
+        self.gate.send_replace(None);
+    }
 }
 
-async fn forward(client: TcpStream, server: TcpStream, mut hold: watch::Receiver<bool>) {
+struct Gate {
+    pattern: watch::Receiver<Option<&'static [u8]>>,
+    held: watch::Sender<usize>,
+}
+
+impl Gate {
+    /// Returns once `chunk` may go on.
+    async fn pass(&mut self, chunk: &[u8]) {
+        let matches =
+            |p: &Option<&'static [u8]>| p.is_some_and(|p| chunk.windows(p.len()).any(|w| w == p));
+        if !matches(&self.pattern.borrow()) {
+            return;
+        }
+        self.held.send_modify(|n| *n += 1);
+        let _ = self.pattern.wait_for(|p| !matches(p)).await;
+        self.held.send_modify(|n| *n -= 1);
+    }
+}
+
+async fn forward(
+    client: TcpStream,
+    server: TcpStream,
+    mut hold: watch::Receiver<bool>,
+    mut gate: Gate,
+) {
     let (mut client_rx, mut client_tx) = client.into_split();
     let (mut server_rx, mut server_tx) = server.into_split();
-    let up = tokio::io::copy(&mut client_rx, &mut server_tx);
+    let up = async {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match client_rx.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            gate.pass(&buf[..n]).await;
+            if server_tx.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
     let down = async {
         let mut buf = vec![0u8; 16 * 1024];
         loop {
@@ -105,7 +175,7 @@ async fn forward(client: TcpStream, server: TcpStream, mut hold: watch::Receiver
         }
     };
     tokio::select! {
-        _ = up => {}
+        () = up => {}
         () = down => {}
     }
 }

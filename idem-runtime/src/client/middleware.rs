@@ -28,9 +28,13 @@ use super::retry::{Policy, idempotent_method};
 /// 504 is sent again, up to [`max_attempts`](Self::max_attempts) in all,
 /// after an exponential backoff with jitter (from
 /// [`base_delay`](Self::base_delay), at most [`max_delay`](Self::max_delay)).
-/// A `Retry-After` in seconds is waited out in full; one longer than
-/// `max_delay` is not retried, and the caller gets that response. The last
-/// attempt's response or error is what the caller gets.
+/// A keyed request answered 409 is sent again too: under the IETF
+/// Idempotency-Key draft, 409 says a request with that key is still being
+/// processed (typically the attempt this middleware gave up on). A keyless
+/// 409 is a conflict and reaches the caller.
+/// A `Retry-After`, in seconds or as an HTTP-date, is waited out in full; one
+/// longer than `max_delay` is not retried, and the caller gets that response.
+/// The last attempt's response or error is what the caller gets.
 ///
 /// Only a request that is safe to repeat is retried:
 ///
@@ -115,7 +119,7 @@ impl Middleware for IdempotencyMiddleware {
             let Some(spare) = spare else {
                 return outcome;
             };
-            let Some(wait) = self.policy.wait(retries, &outcome) else {
+            let Some(wait) = self.policy.wait(retries, &outcome, keyed) else {
                 return outcome;
             };
             // The status or the kind of error, not the error itself: its

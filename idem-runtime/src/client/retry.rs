@@ -1,6 +1,6 @@
 //! When a failed attempt is worth another one, and how long to wait first.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use http::{Method, StatusCode};
 use reqwest::Response;
@@ -26,13 +26,17 @@ impl Default for Policy {
 impl Policy {
     /// How long to wait before retrying after `outcome`, the answer to the
     /// attempt that follows `retries` retries; `None` to hand `outcome` back.
+    /// `keyed`: the request carries an `Idempotency-Key`, so a 409 (the
+    /// server is still running the first request with that key) is worth
+    /// another attempt.
     pub(super) fn wait(
         &self,
         retries: u32,
         outcome: &reqwest_middleware::Result<Response>,
+        keyed: bool,
     ) -> Option<Duration> {
         let advertised = match outcome {
-            Ok(response) if transient_status(response.status()) => retry_after(response),
+            Ok(response) if transient_status(response.status(), keyed) => retry_after(response),
             Err(e) if transient_error(e) => None,
             _ => return None,
         };
@@ -76,9 +80,16 @@ pub(super) fn idempotent_method(method: &Method) -> bool {
 }
 
 /// Answers that say "not now" rather than "no": a timeout, a rate limit, a
-/// server or gateway that failed or is overloaded.
-fn transient_status(status: StatusCode) -> bool {
-    matches!(status.as_u16(), 408 | 429 | 500 | 502 | 503 | 504)
+/// server or gateway that failed or is overloaded, and, to a keyed request,
+/// a 409: the IETF Idempotency-Key draft's answer while a request with the
+/// same key is still being processed (its first attempt, timed out here,
+/// may still be running there). A keyless 409 is a real conflict.
+fn transient_status(status: StatusCode, keyed: bool) -> bool {
+    match status.as_u16() {
+        408 | 429 | 500 | 502 | 503 | 504 => true,
+        409 => keyed,
+        _ => false,
+    }
 }
 
 /// The request could not be sent (connect errors, a pooled connection closed
@@ -91,12 +102,18 @@ fn transient_error(e: &reqwest_middleware::Error) -> bool {
     }
 }
 
-/// `Retry-After` in seconds. The HTTP-date form is not read: the backoff
-/// applies, as it does without the header.
+/// `Retry-After` in either of RFC 9110's forms: delay-seconds, or an
+/// HTTP-date, read against this machine's clock (a date already past is a
+/// wait of zero, so the backoff applies). A value in neither form is
+/// ignored, as if the header were absent.
 fn retry_after(response: &Response) -> Option<Duration> {
     let value = response.headers().get(http::header::RETRY_AFTER)?;
-    let seconds = value.to_str().ok()?.trim().parse::<u64>().ok()?;
-    Some(Duration::from_secs(seconds))
+    let value = value.to_str().ok()?.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(SystemTime::now()).unwrap_or_default())
 }
 
 #[cfg(test)]
@@ -138,27 +155,59 @@ mod tests {
     fn only_transient_statuses_are_retried() {
         for status in [408, 429, 500, 502, 503, 504] {
             assert!(
-                POLICY.wait(0, &response(status, None)).is_some(),
+                POLICY.wait(0, &response(status, None), false).is_some(),
                 "{status}"
             );
         }
         for status in [200, 201, 301, 400, 401, 403, 404, 409, 422, 501, 505] {
-            assert_eq!(POLICY.wait(0, &response(status, None)), None, "{status}");
+            assert_eq!(
+                POLICY.wait(0, &response(status, None), false),
+                None,
+                "{status}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_409_is_retried_only_with_a_key() {
+        assert!(POLICY.wait(0, &response(409, None), true).is_some());
+        assert_eq!(POLICY.wait(0, &response(409, None), false), None);
+        // The key changes nothing else: a 400 or a 422 is an answer.
+        for status in [400, 422] {
+            assert_eq!(POLICY.wait(0, &response(status, None), true), None);
         }
     }
 
     #[test]
     fn retry_after_in_seconds_is_waited_unless_it_is_past_the_cap() {
         assert_eq!(
-            POLICY.wait(0, &response(503, Some("2"))),
+            POLICY.wait(0, &response(503, Some("2")), false),
             Some(Duration::from_secs(2))
         );
-        assert_eq!(POLICY.wait(0, &response(429, Some("3"))), None);
-        // Zero, a date or garbage: the backoff.
-        for after in ["0", "Wed, 21 Oct 2015 07:28:00 GMT", "soon"] {
-            let d = POLICY.wait(0, &response(503, Some(after))).unwrap();
-            assert!(d >= Duration::from_millis(50), "{after}: {d:?}");
+        assert_eq!(POLICY.wait(0, &response(429, Some("3")), false), None);
+        // Zero, a date already past or garbage: the backoff.
+        for after in ["0", "Wed, 21 Oct 2015 07:28:00 GMT", "soon", "-5", "1.5"] {
+            let d = POLICY.wait(0, &response(503, Some(after)), false).unwrap();
+            assert!(
+                d >= Duration::from_millis(50) && d <= Duration::from_millis(100),
+                "{after}: {d:?}"
+            );
         }
+    }
+
+    #[test]
+    fn retry_after_as_an_http_date_is_waited_until_that_date() {
+        // HTTP-dates have whole seconds: the date 2 s ahead, formatted, is
+        // between 1 and 2 s away.
+        let date = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(2));
+        let d = POLICY.wait(0, &response(503, Some(&date)), false).unwrap();
+        assert!(
+            d > Duration::from_millis(900) && d <= Duration::from_secs(2),
+            "{date}: {d:?}"
+        );
+        // Past the cap, it is the caller's.
+        let later = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(60));
+        assert_eq!(POLICY.wait(0, &response(503, Some(&later)), false), None);
     }
 
     #[test]

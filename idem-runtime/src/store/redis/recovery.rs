@@ -21,7 +21,9 @@
 //! key in one slot (`{recovery}`), apart from the records: a claim costs two
 //! commands where a plain one costs one, and on a cluster every recoverable
 //! claim writes to the one node that owns that slot. The score is when to
-//! look next: a worker's listing reads the due entries of its scope, peeks at
+//! look next, for a new claim the end of its lease (so a pass that runs
+//! between the index write and the claim does not find the entry due, see
+//! it without a record and drop it): a worker's listing reads the due entries of its scope, peeks at
 //! each record, and tidies as it goes: a finished record's entry (and hash)
 //! go, a live one is looked at again when its lease would end, one in its
 //! backoff when the backoff ends, a parked one leaves the index until
@@ -66,6 +68,11 @@ fn now_ms() -> i64 {
     SystemClock.now_millis()
 }
 
+/// An index score: `lease_ms` from now, on this client's clock.
+fn due_after(lease_ms: u64) -> i64 {
+    now_ms().saturating_add(i64::try_from(lease_ms).unwrap_or(i64::MAX))
+}
+
 impl Inner {
     fn recovery_hash(&self, key: &Key) -> String {
         let mut name = self.redis_key(key);
@@ -83,28 +90,49 @@ impl Inner {
 
     /// Indexes the key in its scope, then claims through `reclaim.lua`,
     /// which writes the arguments with the claim.
+    ///
+    /// The entry is due when the claim's lease would end, not now: a pass
+    /// that read it between the two commands would find no record and drop
+    /// it, and the claim written a moment later would never be found. A
+    /// claim whose second command came back later than half its lease after
+    /// the first (a stalled client, a slow network) may have met such a pass
+    /// all the same, so it indexes itself once more, now that its record
+    /// exists. This relies on the clients' clocks agreeing to within half a
+    /// lease, as the index's scores come from the claimer's clock and are
+    /// read against the worker's.
     pub(super) async fn claim_recoverable_record(
         &self,
         req: ClaimRequest<'_>,
         recovery: RecoveryArgs<'_>,
     ) -> Result<Claim, StoreError> {
         let index = self.due_index(recovery.scope);
+        let member = req.key.to_hex();
+        let (lease, ttl) = (millis(req.lease), millis(req.ttl));
+        let started = std::time::Instant::now();
         let _: () = redis::pipe()
             .sadd(self.scopes_set(), recovery.scope)
             .ignore()
-            .zadd(&index, req.key.to_hex(), now_ms())
+            .zadd(&index, &member, due_after(lease))
             .ignore()
             .query_async(&mut self.conn())
             .await
             .map_err(|e| self.err_at(&index, e))?;
         let key = self.redis_key(req.key);
         let hash = self.recovery_hash(req.key);
-        let (lease, ttl) = (millis(req.lease), millis(req.ttl));
         let head = super::record::processing_head(req.token, req.fingerprint);
         let claim = self
             .reclaim_with(&key, Some((&hash, recovery)), &head, lease, ttl)
             .await?;
         if let Claim::Acquired { fence, .. } = claim {
+            if started.elapsed() >= req.lease / 2 {
+                let _: i64 = redis::cmd("ZADD")
+                    .arg(&index)
+                    .arg(due_after(lease))
+                    .arg(&member)
+                    .query_async(&mut self.conn())
+                    .await
+                    .map_err(|e| self.err_at(&index, e))?;
+            }
             self.hold_record(req, super::record::processing_at(&head, fence, ttl, lease));
         }
         Ok(claim)

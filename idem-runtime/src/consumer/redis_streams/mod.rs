@@ -17,12 +17,22 @@
 //!
 //! With [`Runner::concurrency`](super::Runner::concurrency) `n`, set
 //! [`batch`](RedisStreamsBuilder::batch) to about `n`: one read then fills
-//! every free slot, and entries do not wait long in this process's buffer,
-//! where their idle time runs. An entry left in the buffer for longer than
-//! `claim_idle` may already be another consumer's, so it is not handed out;
-//! `XAUTOCLAIM` brings it back, counted, like any entry held too long. Acks
-//! and redeliveries go over a connection of their own, so they never queue
-//! behind the blocking `XREADGROUP` that waits for new entries.
+//! every free slot. Entries read and waiting in this process's buffer behind
+//! slower handlers are not lost to their idle time: one that has waited for
+//! a tenth of `claim_idle` is handed out only after `keep.lua` has checked
+//! that it is still this consumer's and set its idle time back to 0, which
+//! Redis does not count as a delivery (the whole buffer in that one call). So
+//! a handler always has at least nine tenths of `claim_idle`, and a consumer
+//! that is slow but healthy has nothing taken over, counted twice or parked
+//! for deliveries it never ran. An entry another consumer took over
+//! meanwhile is dropped from the buffer, not run twice. Acks and redeliveries
+//! go over a connection of their own, so they never queue behind the
+//! blocking `XREADGROUP` that waits for new entries.
+//!
+//! A consumer that dies with entries in its buffer leaves them pending; the
+//! consumer that takes them over counts a delivery for each, as Redis cannot
+//! tell an entry that was run from one that waited. A `batch` near the
+//! runner's concurrency keeps that count honest after a crash.
 //!
 //! ```no_run
 //! use idem_runtime::consumer::Runner;
@@ -42,15 +52,15 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::VecDeque;
-use std::sync::Arc;
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::aio::MultiplexedConnection;
 use redis::streams::{
     StreamAutoClaimReply, StreamId, StreamPendingCountReply, StreamRangeReply, StreamReadReply,
 };
-use redis::{AsyncConnectionConfig, Client, RedisError, Value};
+use redis::{AsyncConnectionConfig, Client, RedisError, Script, Value};
 use serde::Serialize;
 
 use super::{BrokerError, Delivery, Parked, Source};
@@ -61,6 +71,8 @@ pub const PAYLOAD_FIELD: &str = "payload";
 /// The entry field holding the message id, when the publisher set one (the
 /// outbox's relay always does); see [`Delivery::message_id`].
 pub const MESSAGE_ID_FIELD: &str = "message-id";
+
+static KEEP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("keep.lua")));
 
 // The fields a parked entry carries besides the message's own.
 const REASON_FIELD: &str = "reason";
@@ -358,6 +370,25 @@ impl RedisStreamsSource {
         Ok(())
     }
 
+    /// Sets the buffered entries' idle time back to 0 and drops those no
+    /// longer this consumer's (`keep.lua`).
+    async fn keep_buffer(&mut self) -> Result<(), BrokerError> {
+        let n = &self.names;
+        let mut keep = KEEP.key(&n.stream);
+        keep.arg(&n.group).arg(&n.consumer);
+        for (_, d) in &self.buffer {
+            keep.arg(&d.id);
+        }
+        let kept: Vec<String> = keep.invoke_async(&mut self.actions).await.map_err(broker)?;
+        let kept: HashSet<String> = kept.into_iter().collect();
+        let now = Instant::now();
+        self.buffer.retain_mut(|(read, d)| {
+            *read = now;
+            kept.contains(&d.id)
+        });
+        Ok(())
+    }
+
     async fn read_new(&mut self) -> Result<(), BrokerError> {
         let n = &self.names;
         let reply: Option<StreamReadReply> = redis::cmd("XREADGROUP")
@@ -392,11 +423,11 @@ impl Source for RedisStreamsSource {
     async fn next(&mut self) -> Result<RedisStreamsDelivery, BrokerError> {
         loop {
             if let Some((read, d)) = self.buffer.pop_front() {
-                // Its idle time ran while it waited here: past `claim_idle`,
-                // another consumer may have taken it over and be running it.
-                if read.elapsed() < self.names.claim_idle {
+                if read.elapsed() < self.names.claim_idle / 10 {
                     return Ok(d);
                 }
+                self.buffer.push_front((read, d));
+                self.keep_buffer().await?;
                 continue;
             }
             // Redeliveries first: they have waited longest.
