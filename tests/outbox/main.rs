@@ -286,6 +286,7 @@ on_every_database!(
     a_retry_that_writes_another_message_sends_it_too,
     a_transaction_tried_again_inside_the_call_writes_one_row,
     outside_a_call_a_message_needs_an_id_and_a_repeated_id_is_one_row,
+    a_callers_id_held_by_another_message_is_refused,
     two_relays_publish_each_message_once,
     a_broker_outage_keeps_the_backlog_and_it_drains_after,
     one_ordering_key_is_published_in_commit_order,

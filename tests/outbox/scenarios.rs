@@ -354,6 +354,87 @@ pub async fn outside_a_call_a_message_needs_an_id_and_a_repeated_id_is_one_row<
     );
 }
 
+/// Regression (issue 30, item 2): an id of the caller's held by another
+/// message is refused, not taken as "already written" (was: success, and the
+/// second message was never sent). The same message again is still success.
+pub async fn a_callers_id_held_by_another_message_is_refused<DB: OutboxDatabase>(pool: &Pool<DB>) {
+    let topic = format!("audit.{}", tag());
+    let id = format!("taken-{}", tag());
+    let first = || {
+        Message::bytes(topic.as_str(), b"first".to_vec())
+            .id(id.as_str())
+            .ordering_key("k")
+            .header("tenant", "acme")
+    };
+    let mut tx = pool.begin().await.unwrap();
+    outbox::put(&mut tx, first()).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let other_topic = format!("{topic}.other");
+    let others = [
+        (
+            Message::bytes(other_topic.as_str(), b"first".to_vec())
+                .id(id.as_str())
+                .ordering_key("k")
+                .header("tenant", "acme"),
+            "topic",
+        ),
+        (first().ordering_key("j"), "ordering key"),
+        (first().header("tenant", "globex"), "headers"),
+        (
+            Message::bytes(topic.as_str(), b"second".to_vec())
+                .id(id.as_str())
+                .ordering_key("k")
+                .header("tenant", "acme"),
+            "payload",
+        ),
+    ];
+    for (other, part) in others {
+        let mut tx = pool.begin().await.unwrap();
+        let err = outbox::put(&mut tx, other).await.unwrap_err();
+        let OutboxError::IdTaken {
+            id: taken,
+            part: differs,
+        } = &err
+        else {
+            panic!("{part}: expected IdTaken, got {err}");
+        };
+        assert_eq!((taken.as_str(), *differs), (id.as_str(), part), "{err}");
+        assert!(err.to_string().contains("id of its own"), "{err}");
+        tx.rollback().await.unwrap();
+    }
+    // The same message again: success, one row.
+    let mut tx = pool.begin().await.unwrap();
+    outbox::put(&mut tx, first()).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(backlog_of(pool, &topic).await.pending, 1);
+    assert_eq!(backlog_of(pool, &other_topic).await.pending, 0);
+
+    // Two messages of one put_all under one id: the second is refused too.
+    let mut tx = pool.begin().await.unwrap();
+    let twice = format!("twice-{}", tag());
+    let err = outbox::put_all(
+        &mut tx,
+        [
+            Message::bytes(topic.as_str(), b"a".to_vec()).id(twice.as_str()),
+            Message::bytes(topic.as_str(), b"b".to_vec()).id(twice.as_str()),
+        ],
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            OutboxError::IdTaken {
+                part: "payload",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    tx.rollback().await.unwrap();
+}
+
 pub async fn two_relays_publish_each_message_once<DB: OutboxDatabase>(pool: &Pool<DB>) {
     let topic = format!("bulk.{}", tag());
     const N: usize = 400;

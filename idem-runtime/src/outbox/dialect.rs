@@ -82,6 +82,84 @@ pub struct NewRow {
     pub ordering_key: Option<String>,
     pub headers: Option<String>,
     pub payload: Vec<u8>,
+    /// The id is the caller's ([`Message::id`](super::Message::id)), not
+    /// derived from the message: another message may hold it.
+    pub explicit: bool,
+}
+
+/// What an insert did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inserted {
+    /// Every row.
+    All,
+    /// Some ids were held already, by the same message or another one
+    /// (PostgreSQL and SQLite count the rows they inserted).
+    SomeHeld,
+    /// Nothing: a row's id is held by another message (MySQL compares the
+    /// contents in the statement and fails it).
+    Refused,
+}
+
+/// The content of a stored row, to compare with a row whose id it holds.
+pub struct StoredRow {
+    /// The id it was asked for by.
+    pub wanted: String,
+    pub topic: String,
+    pub ordering_key: Option<String>,
+    pub headers: Option<String>,
+    pub payload: Vec<u8>,
+}
+
+/// A message's parts, as a row holds them.
+pub(super) type Parts<'a> = (&'a str, Option<&'a str>, Option<&'a str>, &'a [u8]);
+
+impl NewRow {
+    pub(super) fn parts(&self) -> Parts<'_> {
+        (
+            &self.topic,
+            self.ordering_key.as_deref(),
+            self.headers.as_deref(),
+            &self.payload,
+        )
+    }
+}
+
+impl StoredRow {
+    pub(super) fn parts(&self) -> Parts<'_> {
+        (
+            &self.topic,
+            self.ordering_key.as_deref(),
+            self.headers.as_deref(),
+            &self.payload,
+        )
+    }
+}
+
+/// The first part in which two messages under one id differ; `None` when
+/// they are one message.
+pub(super) fn first_difference(a: Parts<'_>, b: Parts<'_>) -> Option<&'static str> {
+    if a.0 != b.0 {
+        Some("topic")
+    } else if a.1 != b.1 {
+        Some("ordering key")
+    } else if a.2 != b.2 {
+        Some("headers")
+    } else if a.3 != b.3 {
+        Some("payload")
+    } else {
+        None
+    }
+}
+
+/// A stored row's content.
+pub(super) fn stored(r: &impl Columns) -> Result<StoredRow, sqlx::Error> {
+    Ok(StoredRow {
+        wanted: r.text("wanted")?,
+        topic: r.text("topic")?,
+        ordering_key: r.maybe("ordering_key")?,
+        headers: r.maybe("headers")?,
+        payload: r.bytes("payload")?,
+    })
 }
 
 /// A claimed row.
@@ -253,12 +331,21 @@ impl<T: Dialect> OutboxDatabase for T {}
 pub trait Dialect: sqlx::Database {
     const BACKEND: &'static str;
 
-    /// Inserts the rows (conflict on `id` is success), ordering keys locked
-    /// until the transaction ends so a key's rows take `seq` in commit order.
+    /// Inserts the rows (conflict on `id` writes nothing), ordering keys
+    /// locked until the transaction ends so a key's rows take `seq` in commit
+    /// order.
     fn insert<'a>(
         conn: &'a mut Self::Connection,
         rows: &'a [NewRow],
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+    ) -> impl Future<Output = Result<Inserted, sqlx::Error>> + Send + 'a;
+
+    /// The stored content of the rows holding these ids, each with the id
+    /// asked for (`wanted`: the database's own equality pairs them, which on
+    /// MySQL ignores case and trailing spaces).
+    fn stored<'a>(
+        conn: &'a mut Self::Connection,
+        ids: &'a [&'a str],
+    ) -> impl Future<Output = Result<Vec<StoredRow>, sqlx::Error>> + Send + 'a;
 
     /// Claims up to `limit` due messages for `lease_ms` under `token`, one per
     /// ordering key and only a key's oldest unsent one, raising `attempts`.

@@ -30,7 +30,10 @@
 //! too: no message takes an id another one holds. So two messages that are
 //! the same in every part, written by one call, are one message: make them
 //! differ (a line number in the payload) or give each an id. Outside an
-//! idempotent call, give the id with [`Message::id`].
+//! idempotent call, give the id with [`Message::id`]. A caller's id already
+//! held by another message (other topic, ordering key, headers or payload) is
+//! refused with [`OutboxError::IdTaken`] rather than taken as the same
+//! message: the broker and its consumers would drop the second one unseen.
 //!
 //! ```no_run
 //! use idem_runtime::outbox::{self, Message};
@@ -130,8 +133,10 @@ impl Message {
     }
 
     /// The message id, instead of the one derived from the running call's key.
-    /// Required outside an idempotent call. Writing an id that exists already
-    /// is success and writes nothing.
+    /// Required outside an idempotent call. Writing again a message that
+    /// exists already under this id is success and writes nothing; writing
+    /// another message (other topic, ordering key, headers or payload) under
+    /// it is [`OutboxError::IdTaken`]: consumers would take it for the first.
     pub fn id(mut self, id: impl Into<String>) -> Message {
         self.id = Some(id.into());
         self
@@ -164,6 +169,21 @@ pub enum OutboxError {
         what: &'static str,
         /// What is wrong with it.
         problem: String,
+    },
+    /// The message's id ([`Message::id`]) is held by a stored message with
+    /// another topic, ordering key, headers or payload (or by another message
+    /// of the same `put_all`). Brokers and consumers deduplicate on the id:
+    /// this message would be taken for the other and never delivered. Roll
+    /// the transaction back and give the message an id of its own.
+    #[error(
+        "outbox message id `{id}` is held by a message with another {part}: it would never be delivered; give this message an id of its own"
+    )]
+    IdTaken {
+        /// The id.
+        id: String,
+        /// The first part in which the messages differ: `topic`,
+        /// `ordering key`, `headers` or `payload`.
+        part: &'static str,
     },
     /// The database refused the write (the caller's transaction is likely
     /// aborted: roll it back).
@@ -234,6 +254,7 @@ fn check_header(name: &str, value: &str) -> Result<(), OutboxError> {
 impl Message {
     fn into_row(self) -> Result<NewRow, OutboxError> {
         check_name("topic", &self.topic, true)?;
+        let explicit = self.id.is_some();
         let id = match self.id {
             Some(id) => id,
             None => match crate::flow::current_key() {
@@ -267,6 +288,7 @@ impl Message {
             ordering_key: self.ordering_key,
             headers,
             payload: self.payload,
+            explicit,
         })
     }
 }
@@ -383,9 +405,58 @@ where
     if rows.is_empty() {
         return Ok(Vec::new());
     }
-    <T::Database as dialect::Dialect>::insert(tx.outbox_connection(), &rows)
+    // Two messages of this batch under one id: the database would keep the
+    // first and drop the second unseen.
+    if rows.len() > 1 {
+        let mut seen: std::collections::HashMap<&str, &NewRow> = Default::default();
+        for row in &rows {
+            if let Some(first) = seen.insert(&row.id, row) {
+                if let Some(part) = dialect::first_difference(first.parts(), row.parts()) {
+                    return Err(OutboxError::IdTaken {
+                        id: row.id.clone(),
+                        part,
+                    });
+                }
+            }
+        }
+    }
+    let db = |e| StoreError::new(<T::Database as dialect::Dialect>::BACKEND, "outbox", e);
+    let conn = tx.outbox_connection();
+    let inserted = <T::Database as dialect::Dialect>::insert(conn, &rows)
         .await
-        .map_err(|e| StoreError::new(<T::Database as dialect::Dialect>::BACKEND, "outbox", e))?;
+        .map_err(db)?;
+    // A derived id hashes the whole message, so the row holding it is this
+    // message. A caller's id may be held by another message, which the
+    // broker and every consumer would take this one for.
+    if inserted != dialect::Inserted::All && rows.iter().any(|r| r.explicit) {
+        let explicit: Vec<&str> = rows
+            .iter()
+            .filter(|r| r.explicit)
+            .map(|r| r.id.as_str())
+            .collect();
+        let stored = <T::Database as dialect::Dialect>::stored(conn, &explicit)
+            .await
+            .map_err(db)?;
+        let taken = rows.iter().filter(|r| r.explicit).find_map(|row| {
+            stored
+                .iter()
+                .filter(|s| s.wanted == row.id)
+                .find_map(|s| dialect::first_difference(s.parts(), row.parts()))
+                .map(|part| (row.id.clone(), part))
+        });
+        match taken {
+            Some((id, part)) => return Err(OutboxError::IdTaken { id, part }),
+            // Only the database compared (MySQL's collation, not bytes): it
+            // wrote nothing, so this is no success either.
+            None if inserted == dialect::Inserted::Refused => {
+                return Err(OutboxError::IdTaken {
+                    id: explicit.join(", "),
+                    part: "content (as the database compares ids)",
+                });
+            }
+            None => {}
+        }
+    }
     Ok(rows.into_iter().map(|r| MessageId::new(r.id)).collect())
 }
 

@@ -9,7 +9,8 @@
 use sqlx::{Acquire, MySql, MySqlConnection, MySqlPool, QueryBuilder};
 
 use super::dialect::{
-    self, Backlog, Claimed, Dialect, ListedMessage, MessageState, NewRow, Wakeup,
+    self, Backlog, Claimed, Dialect, Inserted, ListedMessage, MessageState, NewRow, StoredRow,
+    Wakeup,
 };
 
 /// Milliseconds since the epoch on the server's clock, free of the session's
@@ -19,6 +20,10 @@ macro_rules! now_ms {
         "(TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)"
     };
 }
+
+/// ER_SUBQUERY_NO_1_ROW's SQLSTATE ("Subquery returns more than 1 row"):
+/// the insert's way to refuse an id held by another message.
+const SUBQUERY_ROWS: &str = "21000";
 
 impl Dialect for MySql {
     const BACKEND: &'static str = "mysql";
@@ -31,7 +36,7 @@ impl Dialect for MySql {
     async fn insert<'a>(
         conn: &'a mut MySqlConnection,
         rows: &'a [NewRow],
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<Inserted, sqlx::Error> {
         let mut keys: Vec<&str> = rows
             .iter()
             .filter_map(|r| r.ordering_key.as_deref())
@@ -58,9 +63,44 @@ impl Dialect for MySql {
                 .push(now_ms!())
                 .push(now_ms!());
         });
-        q.push(" ON DUPLICATE KEY UPDATE id = id");
-        q.build().execute(&mut *conn).await?;
-        Ok(())
+        // An id held by the same message changes nothing; held by another,
+        // the statement fails (and, as any failed statement in InnoDB,
+        // writes none of its rows): the affected-rows count cannot tell the
+        // two apart, as sqlx connects with CLIENT_FOUND_ROWS. A scalar
+        // subquery of two rows is the one error an expression can raise in
+        // every SQL mode; nothing else in this statement can raise it.
+        q.push(concat!(
+            " ON DUPLICATE KEY UPDATE id = IF(",
+            "CAST(topic AS BINARY) = CAST(VALUES(topic) AS BINARY)",
+            " AND CAST(ordering_key AS BINARY) <=> CAST(VALUES(ordering_key) AS BINARY)",
+            " AND CAST(headers AS BINARY) <=> CAST(VALUES(headers) AS BINARY)",
+            " AND payload = VALUES(payload), id, (SELECT 1 UNION ALL SELECT 2))"
+        ));
+        match q.build().execute(&mut *conn).await {
+            Ok(_) => Ok(Inserted::All),
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(SUBQUERY_ROWS) => {
+                Ok(Inserted::Refused)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn stored<'a>(
+        conn: &'a mut MySqlConnection,
+        ids: &'a [&'a str],
+    ) -> Result<Vec<StoredRow>, sqlx::Error> {
+        let mut q = QueryBuilder::<MySql>::new(
+            "SELECT v.wanted, o.topic, o.ordering_key, o.headers, o.payload\nFROM (",
+        );
+        let mut list = q.separated(" UNION ALL ");
+        for id in ids {
+            list.push("SELECT ");
+            list.push_bind_unseparated(*id);
+            list.push_unseparated(" AS wanted");
+        }
+        q.push(") AS v JOIN idem_outbox o ON o.id = v.wanted");
+        let rows = q.build().fetch_all(conn).await?;
+        rows.iter().map(dialect::stored).collect()
     }
 
     async fn claim<'a>(

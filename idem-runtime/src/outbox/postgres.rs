@@ -4,7 +4,8 @@ use sqlx::postgres::PgListener;
 use sqlx::{PgConnection, PgPool, Postgres, QueryBuilder};
 
 use super::dialect::{
-    self, Backlog, Claimed, Dialect, ListedMessage, MessageState, NewRow, Wakeup,
+    self, Backlog, Claimed, Dialect, Inserted, ListedMessage, MessageState, NewRow, StoredRow,
+    Wakeup,
 };
 
 // The server's wall clock in milliseconds (`clock_timestamp()`: `now()` is
@@ -41,7 +42,10 @@ impl Dialect for Postgres {
     /// key take their `seq`s in commit order: the second waits for the first
     /// to end. The rows are joined in key order, so two writers of the same
     /// keys lock them in the same order.
-    async fn insert<'a>(conn: &'a mut PgConnection, rows: &'a [NewRow]) -> Result<(), sqlx::Error> {
+    async fn insert<'a>(
+        conn: &'a mut PgConnection,
+        rows: &'a [NewRow],
+    ) -> Result<Inserted, sqlx::Error> {
         let mut by_key: Vec<(usize, &NewRow)> = rows.iter().enumerate().collect();
         by_key.sort_by(|a, b| a.1.ordering_key.cmp(&b.1.ordering_key));
         let mut q = QueryBuilder::<Postgres>::new(concat!(
@@ -77,8 +81,26 @@ impl Dialect for Postgres {
             ")) WHERE v.ordering_key IS NOT NULL) AS locked ON TRUE\n\
              ORDER BY v.position\nON CONFLICT (id) DO NOTHING",
         );
-        q.build().execute(conn).await?;
-        Ok(())
+        let inserted = q.build().execute(conn).await?.rows_affected();
+        Ok(if inserted < rows.len() as u64 {
+            Inserted::SomeHeld
+        } else {
+            Inserted::All
+        })
+    }
+
+    async fn stored<'a>(
+        conn: &'a mut PgConnection,
+        ids: &'a [&'a str],
+    ) -> Result<Vec<StoredRow>, sqlx::Error> {
+        let rows = sqlx::query(
+            "SELECT v.wanted, o.topic, o.ordering_key, o.headers, o.payload\n\
+             FROM unnest($1::text[]) AS v (wanted) JOIN idem_outbox o ON o.id = v.wanted",
+        )
+        .bind(ids)
+        .fetch_all(conn)
+        .await?;
+        rows.iter().map(dialect::stored).collect()
     }
 
     async fn claim<'a>(

@@ -4,7 +4,8 @@
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection, SqlitePool};
 
 use super::dialect::{
-    self, Backlog, Claimed, Dialect, ListedMessage, MessageState, NewRow, Wakeup,
+    self, Backlog, Claimed, Dialect, Inserted, ListedMessage, MessageState, NewRow, StoredRow,
+    Wakeup,
 };
 
 macro_rules! now_ms {
@@ -19,7 +20,7 @@ impl Dialect for Sqlite {
     async fn insert<'a>(
         conn: &'a mut SqliteConnection,
         rows: &'a [NewRow],
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<Inserted, sqlx::Error> {
         let mut q = QueryBuilder::<Sqlite>::new(
             "INSERT INTO idem_outbox (id, topic, ordering_key, headers, payload, created_at, next_attempt_at) ",
         );
@@ -33,8 +34,31 @@ impl Dialect for Sqlite {
                 .push(now_ms!());
         });
         q.push(" ON CONFLICT (id) DO NOTHING");
-        q.build().execute(conn).await?;
-        Ok(())
+        let inserted = q.build().execute(conn).await?.rows_affected();
+        Ok(if inserted < rows.len() as u64 {
+            Inserted::SomeHeld
+        } else {
+            Inserted::All
+        })
+    }
+
+    async fn stored<'a>(
+        conn: &'a mut SqliteConnection,
+        ids: &'a [&'a str],
+    ) -> Result<Vec<StoredRow>, sqlx::Error> {
+        let mut q = QueryBuilder::<Sqlite>::new("WITH v (wanted) AS (VALUES ");
+        let mut list = q.separated(", ");
+        for id in ids {
+            list.push("(");
+            list.push_bind_unseparated(*id);
+            list.push_unseparated(")");
+        }
+        q.push(
+            ")\nSELECT v.wanted, o.topic, o.ordering_key, o.headers, o.payload\n\
+             FROM v JOIN idem_outbox o ON o.id = v.wanted",
+        );
+        let rows = q.build().fetch_all(conn).await?;
+        rows.iter().map(dialect::stored).collect()
     }
 
     async fn claim<'a>(
