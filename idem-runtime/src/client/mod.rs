@@ -36,6 +36,22 @@
 //!     Ok(charge.send().await?.status().as_u16())
 //! }
 //! ```
+//!
+//! # Limits of the servers called
+//!
+//! What a server that deduplicates by `Idempotency-Key` (a payment provider,
+//! another service behind idem's own layer) answers at the edges, and what the
+//! middleware makes of it. A row whose test says `none yet` is not checked over
+//! a real connection.
+//!
+//! | limit or odd answer | what the server does | what idem does | test |
+//! |---|---|---|---|
+//! | the key's length and characters | Stripe takes up to 255 characters; the IETF draft, a structured-field string | sends 64 lower-case hex characters, the same on every attempt and every retry of the call; a key the caller set is kept alone | `tests/client.rs::a_post_is_retried_with_one_derived_key_and_a_replayed_call_sends_nothing`, `tests/client.rs::a_callers_own_key_is_kept_alone_and_retried_with` |
+//! | a retry that meets the first attempt still running | 409 (the IETF draft, Stripe, idem's layer with `Retry-After`) | 409 is not retried: the caller gets it although the first attempt may still succeed | none yet |
+//! | the same key with another body | 422 (the IETF draft, idem's layer); Stripe answers 400 | not retried: the caller gets it | unit only: `idem-runtime/src/client/retry.rs::tests::only_transient_statuses_are_retried` |
+//! | `Retry-After` | seconds or an HTTP date | seconds are waited in full, unless over `max_delay`: then the caller gets the answer; a date gets the backoff | `tests/client.rs::retry_after_is_waited_out_in_full`, `tests/client.rs::a_retry_after_past_max_delay_is_handed_to_the_caller` |
+//! | connection lost or timed out after the request was sent | may have acted on it | retried with the same key; without a key, only an idempotent method | `tests/client.rs::a_timeout_is_retried_with_the_same_key_but_not_without_one` |
+//! | the server forgets a key (Stripe: after 24 hours) | the same key is then a new request | a call taken over after that (a crash, a lease run out) is charged again: keep the call's lease and recovery well inside the server's window | none yet |
 
 mod key;
 mod middleware;

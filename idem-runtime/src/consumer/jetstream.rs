@@ -45,6 +45,25 @@
 //! Runner::new().run(source, settle).await;
 //! # Ok(()) }
 //! ```
+//!
+//! # Limits of NATS JetStream
+//!
+//! What nats-server (and async-nats in front of it) answers at its edges, and
+//! what idem makes of it: the contract the consumer and
+//! `outbox::sink::JetStreamSink` are held to. A row whose test says `none yet`
+//! is not checked against a real server.
+//!
+//! | limit or odd answer | what NATS does | what idem does | test |
+//! |---|---|---|---|
+//! | `max_payload` (1 MiB by default) counts the header block and the payload | `-ERR 'Maximum Payload Violation'` and the connection closes; async-nats checks the size only on a plain `publish`, not on a JetStream publish with headers | the sink counts the header block (`NATS/1.0`, a line per header, `Nats-Msg-Id`) with the payload and fails an over-limit message alone | `tests/outbox/sinks.rs::jetstream_a_payload_over_max_payload_fails_alone` (at the limit and one byte over) |
+//! | a parked copy: the message's headers and payload plus `Idem-Reason`, `Idem-Deliveries`, `Idem-Stream` | the same `max_payload` rule | not checked: a message within a few hundred bytes of the limit cannot be parked; the connection closes, the message comes back after `ack_wait`, and `max_deliver` is unlimited | none yet |
+//! | header values end at CR or LF | async-nats writes a value as given (`HeaderMap::insert` does not check); a reader fails on a line without `:` (`malformed header line`) | `outbox::put` refuses CR, LF and NUL in values; a parked copy's `Idem-Reason` is the handler's error text unchecked (a multi-line `Debug`, a panic message) | put: `tests/outbox/scenarios.rs::outside_a_call_a_message_needs_an_id_and_a_repeated_id_is_one_row`; park: none yet |
+//! | server-interpreted headers (`Nats-Expected-Stream`, `Nats-Expected-Last-Sequence`, `Nats-Expected-Last-Subject-Sequence`, `Nats-Rollup`…) are stored and delivered with the message | applied to any publish carrying them | a parked copy carries the message's headers: one published with an expectation is checked again against the parking stream, and its park can fail every time | none yet |
+//! | subject syntax: no whitespace, no empty token, `*` and `>` only in subscriptions | refuses the publish (whitespace breaks the protocol line) | the sink fails such a topic alone, before sending | unit only: `idem-runtime/src/outbox/sink/jetstream.rs::tests::subjects_the_server_refuses_are_named`; against a server: none yet |
+//! | duplicate window (2 min unless the stream says otherwise) | a publish whose `Nats-Msg-Id` it saw inside the window is acked as a duplicate and not stored | a duplicate ack counts as confirmed; past the window the copy is stored and the consumer's record deduplicates | `tests/outbox/sinks.rs::jetstream_drops_a_republish_by_nats_msg_id` |
+//! | publishes awaiting their ack: async-nats' `max_ack_inflight` (5 000) | a publish past it waits for a permit that only an awaited ack frees | the sink keeps at most `max_in_flight` (1 000) unawaited | `tests/outbox/sinks.rs::jetstream_a_batch_over_the_clients_in_flight_cap_is_published` |
+//! | unacked past `ack_wait` | redelivers, counting the delivery (`-NAK` with a delay counts too); `+WPI` restarts the wait | `InProgress` is `+WPI` in slices, not a redelivery; `max_deliver` unlimited, parked at `max_deliveries` | `tests/consumer_jetstream.rs::dead_consumer_is_taken_over`, `tests/consumer_jetstream.rs::in_progress_is_not_a_failure`, `tests/consumer_jetstream.rs::poison_is_parked` |
+//! | unacked per consumer: `max_ack_pending` (1 000 by default) | stops delivering to the durable at that many | not set (the server default applies): a runner concurrency above it never fills | none yet |
 
 use std::sync::Arc;
 use std::time::Duration;

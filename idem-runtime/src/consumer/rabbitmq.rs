@@ -42,6 +42,25 @@
 //! Runner::new().concurrency(16).run(source, settle).await;
 //! # Ok(()) }
 //! ```
+//!
+//! # Limits of RabbitMQ
+//!
+//! What the broker (AMQP 0-9-1, through lapin) answers at its edges, and what
+//! idem makes of it: the contract the consumer and `outbox::sink::RabbitMqSink`
+//! are held to. A row whose test says `none yet` is not checked against a real
+//! broker.
+//!
+//! | limit or odd answer | what RabbitMQ does | what idem does | test |
+//! |---|---|---|---|
+//! | short strings (routing key, queue name, `message-id`, header name): at most 255 bytes | the length is one byte; lapin writes it unchecked (`len as u8`), so a longer one corrupts the frame and the broker closes the channel | `outbox::put` refuses a topic, id or header name over 255 bytes; the sink fails a row holding one alone | `tests/outbox/scenarios.rs::outside_a_call_a_message_needs_an_id_and_a_repeated_id_is_one_row`, `tests/outbox/sinks.rs::rabbitmq_a_routing_key_over_255_bytes_fails_alone` |
+//! | the names `declare` derives (`q.retry` +6, `q.parked` +7, `q.dlx` +4 bytes) | the same 255-byte rule | not checked: a queue name over 248 bytes makes `declare` send a corrupt frame instead of an error naming the queue | none yet |
+//! | content header (properties and headers) must fit in one frame: `frame_max`, 131 072 bytes by default | a larger header frame is a connection error (`FRAME_ERROR`): every channel on the connection closes | not bounded: header values in `put`, and a parked copy's `x-idem-reason` (the handler's error text) on top of the message's own headers | none yet |
+//! | body over `max_message_size` (128 MiB on 3.x, 16 MiB on 4.x) | the channel closes (`PRECONDITION_FAILED`) | the sink does not check the payload: the batch on that channel fails with it. Copies the consumer publishes are as large as what the broker took | none yet |
+//! | unroutable message published without `mandatory` | confirmed (`basic.ack`) and dropped | the sink publishes `mandatory` and fails a returned message, matched by `message-id`. The consumer's copies (to `q.retry`, to `q.dlx`, back to `q`) are not `mandatory`: with `q.retry` or `q.parked` gone, the copy is dropped and the original acked | sink: `tests/outbox/sinks.rs::rabbitmq_carries_the_id_and_an_unroutable_message_is_not_marked_sent`, `tests/outbox/sinks.rs::rabbitmq_returns_in_a_mixed_batch_are_matched_to_their_own_messages`; consumer: none yet |
+//! | a message handed back after its consumer's channel or connection ended | a classic queue sets `redelivered` only, however often; a quorum queue counts `x-delivery-count` | counted as failures, republished to the tail of `q` with `x-idem-failures` raised, before any handler runs | `tests/consumer_rabbitmq.rs::dead_consumer_is_taken_over`, `tests/consumer_rabbitmq.rs::crash_and_panic_are_parked` |
+//! | unacked deliveries: `basic.qos` prefetch, a `u16` (0 = unlimited) | hands out no more than the prefetch | `prefetch` is at least 1, never unlimited; below the runner's concurrency it caps what runs | `tests/consumer_rabbitmq.rs::concurrency_keeps_n_in_flight` (at 8, not at the `u16` edge) |
+//! | a delivery unacked past `consumer_timeout` (30 min by default) | closes the channel; every unacked delivery on it comes back `redelivered` | a handler running that long costs the channel: the others in flight are counted a failure each and the runner returns the broker error | none yet |
+//! | connection lost between a publish and its confirm | the message may or may not be queued | the sink fails the batch and publishes it again (the consumer's record deduplicates by `message-id`); `RabbitMqSink::connect` reopens the connection | `tests/outbox/sinks.rs::the_rabbitmq_sink_reconnects_after_the_broker_closed_its_connection`, `tests/outbox/crash.rs::a_relay_killed_mid_batch_publishes_everything_at_least_once_and_each_applies_once` |
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -44,6 +44,22 @@
 //!         .caller(|parts| parts.headers.get("x-tenant")?.to_str().ok().map(str::to_owned)),
 //! );
 //! ```
+//!
+//! # Limits of HTTP clients and hyper
+//!
+//! What the peers of [`IdempotencyLayer`] (clients, proxies, and hyper serving
+//! it) send or answer at the edges, and what the layer makes of it. A row whose
+//! test says `none yet` is not checked over a real connection.
+//!
+//! | limit or odd answer | what the peer does | what idem does | test |
+//! |---|---|---|---|
+//! | the key's length and characters | the IETF draft sends a structured-field string (quoted); Stripe takes up to 255 characters | 1 to 255 visible ASCII characters, quotes removed first; 256 is 400 | `tests/http_layer.rs::a_missing_or_malformed_key_is_400` (255 and 256) |
+//! | several `Idempotency-Key` headers (a proxy that adds it again) | sends them all | equal ones (quoted or not) are one key; different ones are 400 | `tests/http_layer.rs::two_different_keys_on_one_request_are_400_and_two_equal_ones_are_one_key` |
+//! | request head over hyper's HTTP/1 buffer (about 400 KiB) or more than 100 headers | hyper answers 431 (or closes) before any service runs | the layer never sees it: nothing is claimed | none yet |
+//! | request body: `Content-Length` over `max_body_bytes`, or chunked | — | a declared length over the limit is 413 before reading (a client waiting on `Expect: 100-continue` is never asked for the body); a body without one is cut at the limit, 413 | `tests/http_layer.rs::a_body_over_the_limit_is_413` (2 MiB on 1 MiB), `tests/http_layer.rs::a_body_without_a_length_is_cut_at_the_limit` (6 400 on 1 024); exactly at the limit and `Expect: 100-continue`: none yet |
+//! | response header values that are not visible ASCII (`obs-text`, UTF-8 in `Location` or `Content-Disposition`) | HTTP carries them as opaque bytes | not stored (logged): the replay lacks that header | none yet |
+//! | response body of unknown length (a stream, server-sent events), over `max_response_bytes` (512 KiB), or whose stored form is over the store's cap (a binary body is stored in hex, twice its size) | — | sent at once, unrecorded, and the key released: a retry runs again | `tests/http_layer.rs::a_streaming_response_is_sent_at_once_and_does_not_hold_the_key`, `tests/http_layer.rs::a_response_over_the_default_cap_passes_through_and_releases_the_key`, `tests/http_layer.rs::the_stored_response_cap_is_configurable` (2 000 and 10 bytes on 1 024); the hex doubling: none yet |
+//! | the client goes away mid-request | hyper drops the service's future | the key stays PROCESSING until its lease runs out, then a retry runs | `tests/http_layer.rs::a_dropped_request_holds_the_key_until_its_lease_ends_then_a_retry_runs` |
 
 mod key;
 mod layer;

@@ -51,6 +51,21 @@
 //! runner.run(source, |e: OrderPaid| svc.on_order_paid(e)).await; // returns when the broker fails
 //! # Ok(()) }
 //! ```
+//!
+//! # Limits of Redis Streams
+//!
+//! What Redis (or Valkey) answers at its edges, and what idem makes of it: the
+//! contract the consumer and `outbox::sink::RedisStreamsSink` are held to. A row
+//! whose test says `none yet` is not checked against a real server.
+//!
+//! | limit or odd answer | what Redis does | what idem does | test |
+//! |---|---|---|---|
+//! | one argument (a payload, a field value) over `proto-max-bulk-len` (512 MiB by default) | `-ERR Protocol error: invalid bulk length` and the connection closes | the sink pipelines a batch on one connection and does not check sizes: one oversized payload fails every `XADD` of its batch. Copies the consumer writes are as large as what Redis took | none yet |
+//! | `MULTI`/`EXEC` does not roll back: a command that fails at run time (`WRONGTYPE`) leaves the others applied | runs the rest and reports that command's error inside `EXEC` | a park is `MULTI` {`XADD` to the parking stream, `XACK`}: with the parking key holding another type, the entry is acked and not parked, and the runner returns the error | none yet |
+//! | entries trimmed or deleted while pending (`MAXLEN ~` on the sink, `XTRIM`, `XDEL`) | never handed out again; `XAUTOCLAIM` (7.0+) drops them from the pending list and names them as deleted | the sink's `max_len` may trim entries no group has read: they are gone without a count or a log | none yet |
+//! | the delivery counter | `XAUTOCLAIM`/`XCLAIM` add one per claim; `RETRYCOUNT` sets it | it is the attempt; a delayed redelivery sets it, an `InProgress` one sets it back by one | `tests/consumer_redis.rs::dead_consumer_is_taken_over`, `tests/consumer_redis.rs::poison_is_parked`, `tests/consumer_redis.rs::in_progress_is_not_a_failure` |
+//! | redelivery is idle time: an entry pending longer than `claim_idle` may be claimed by anyone | `XAUTOCLAIM … min-idle-time` | delays are capped at `claim_idle`; an entry buffered in this process longer than `claim_idle` is not handed out (another consumer may hold it) | delays: `tests/consumer_redis.rs::poison_is_parked`; the buffered entry past `claim_idle`: none yet |
+//! | connection lost mid-`XACK` or mid-park | the command may or may not have run | an entry left pending comes back through `XAUTOCLAIM`, counted, and the record replays it | `tests/consumer_redis.rs::dead_consumer_is_taken_over` (a consumer gone, not a reply lost) |
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, LazyLock};

@@ -8,6 +8,12 @@
 //! | `JetStreamSink` (feature `jetstream`) | the subject | `Nats-Msg-Id` header | dropped by the server inside the stream's duplicate window |
 //! | `RabbitMqSink` (feature `rabbitmq`) | the routing key (on the default exchange unless set) | AMQP `message-id` | a second message; the consumer's record deduplicates |
 //! | [`MemorySink`] | anything | [`Outgoing::id`] | delivered again |
+//!
+//! What each broker answers at its limits (name, header and size caps, returned
+//! and duplicate messages, a connection lost before the confirm), and which test
+//! holds the sink to it, is tabled under `# Limits of …` in the consumer module
+//! of that broker (`consumer::rabbitmq`, `consumer::jetstream`,
+//! `consumer::redis_streams`).
 
 #[cfg(feature = "jetstream")]
 mod jetstream;

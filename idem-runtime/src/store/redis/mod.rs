@@ -46,6 +46,23 @@
 //! failover can lose the last ones, a claim among them. Redis lowers
 //! duplicates; alone it does not prove uniqueness. Keep a unique constraint on
 //! the business table behind it.
+//!
+//! # Limits of Redis and Valkey
+//!
+//! What the server answers at its edges, and what the store makes of it. A row
+//! whose test says `none yet` is not checked against a real server.
+//!
+//! | limit or odd answer | what Redis/Valkey does | what idem does | test |
+//! |---|---|---|---|
+//! | one value over `proto-max-bulk-len` (512 MiB by default) | `-ERR Protocol error: invalid bulk length` and the connection closes | a record is the result plus a header of about a hundred bytes; `max_result_bytes` (1 MiB by default) is not capped, so one set near 512 MiB fails the completion with a protocol error, not `ResultTooLarge` | at the 1 MiB cap: `tests/redis/main.rs::redis_single::outcomes_and_payloads_round_trip` (`tests/src/conformance.rs`); at 512 MiB: none yet |
+//! | `SET … IFEQ` (Valkey 8.1 and later only) | Redis answers a syntax error | the completion is one plain `SET … IFEQ` where the server has it, `complete.lua` elsewhere | `tests/redis/completion.rs::the_completion_is_one_plain_set_ifeq_exactly_where_the_server_has_it` |
+//! | scripts forgotten (restart, failover, `SCRIPT FLUSH`) | `EVALSHA` answers `NOSCRIPT` | loads the script again and runs it | `tests/redis/scripts.rs::single_node_reloads_scripts_after_script_flush`, `tests/redis/scripts.rs::cluster_reloads_scripts_after_script_flush` |
+//! | a reply lost with the connection | the command may have run | a claim sent again under its token recognises itself; a completion sent again is the same completion; a claim whose completion never arrives is taken over after the lease | `tests/redis/claim.rs::single_node_recognises_a_resent_claim`, `tests/redis/records.rs::single_node_resent_complete_is_the_same_completion`, `tests/redis/fail_closed.rs::connection_lost_between_claim_and_complete_is_taken_over_after_the_lease` |
+//! | `maxmemory` | `noeviction`: writes answer `-OOM`; `allkeys-*` and `volatile-*` (every record has a ttl) evict silently | a claim refused with `-OOM` fails closed; an evicted record lets a duplicate run again: use `noeviction` | none yet |
+//! | failover with asynchronous replication | the last acknowledged writes can be lost | claims lost that way let a duplicate run: keep a unique constraint behind Redis | none yet |
+//! | Cluster slots | a command over keys of two slots is `CROSSSLOT`; `MOVED`/`ASK` redirect | every command touches one key, placed by its `{…}` hash tag | `tests/redis/claim.rs::cluster_keys_are_hash_tagged_and_spread` |
+//! | a value at a record's key this version cannot read | answers whatever is there | fails closed with a `StoreError` and leaves it alone | `tests/redis/records.rs::single_node_unknown_state_fails_closed`, `tests/redis/records.rs::single_node_earlier_layout_is_a_clear_error` |
+//! | server down or slow | connection refused, or no answer | fails closed within `response_timeout` (2 s) and reconnects by itself | `tests/redis/fail_closed.rs::redis_stopped_mid_test_fails_closed`, `tests/redis/fail_closed.rs::closed_port_fails_closed_without_showing_the_password` |
 
 mod builder;
 mod claim;

@@ -14,6 +14,22 @@
 //! it inserted, a marker its update branch left otherwise. There is no `INSERT
 //! IGNORE` (it turns truncation and NULL errors into warnings) and no caught
 //! duplicate-key error anywhere.
+//!
+//! # Limits of MySQL and MariaDB
+//!
+//! What the server answers at its edges, and what the store, `tx = tx` calls,
+//! `Runner::run_in_tx` and the outbox make of it. A row whose test says `none
+//! yet` is not checked against a real server.
+//!
+//! | limit or odd answer | what MySQL/MariaDB does | what idem does | test |
+//! |---|---|---|---|
+//! | `max_allowed_packet` (16 MiB on MariaDB 10.11, 64 MiB on MySQL 8) | a larger statement is refused (1153) and the connection closed: the transaction is gone | results: keep `max_result_bytes` under it (not checked); `outbox::put_all` writes every message in one `INSERT`, so the sum of the payloads counts, not the largest | none yet |
+//! | collation of the `VARCHAR(255)` columns: the database's default, e.g. `utf8mb4_general_ci` (case- and accent-insensitive, trailing spaces ignored) | `'Order-1' = 'order-1'`, `'e' = 'é'` and `'a' = 'a '` are all true | `idem_outbox.id` is unique under that collation: a message given the id `Order-1` after one with `order-1` is taken for it (`ON DUPLICATE KEY`), so it is never sent under its own id. Derived ids (lower-case hex) are not affected; ordering keys that compare equal share an order | none yet |
+//! | a lost deadlock (1213) | rolls the whole transaction back; the statements after it run in autocommit and `COMMIT` answers OK | `commit_refused` reads `@@in_transaction` (MariaDB), or `information_schema.innodb_trx` where MySQL lacks it (1193), and `run_in_tx` redelivers instead of acking | `tests/consumer_tx.rs::mysql::a_transaction_the_server_ended_is_not_acked`, `tests/mysql/transaction.rs::deadlock_inside_a_transaction_reaches_the_caller` |
+//! | lock wait timeout (1205, `innodb_lock_wait_timeout`) | with `innodb_rollback_on_timeout` off (the default) only the statement is rolled back: the transaction stays open | retried on the pool; inside the caller's transaction the error reaches the caller, and `MySqlStore::is_retryable` says so | pool: `tests/mysql/claim.rs::lock_wait_timeout_on_the_pool_is_retried`; inside a transaction: none yet |
+//! | at most 65 535 placeholders per prepared statement | refused (1390) | `outbox::put_all` binds 5 per message: over 13 107 messages in one call fails; the relay's batch (at most 10 000, and the token) stays under | none yet |
+//! | `TEXT` columns hold 65 535 bytes (`headers`, `last_error`) | strict mode: `Data too long` (1406) | `put` does not bound the headers: more than 64 KiB of them is refused here and taken by PostgreSQL and SQLite | none yet |
+//! | connection lost after the claim | the claim may have committed | fails closed; the claim is taken over after its lease | `tests/mysql/fail_closed.rs::connection_lost_after_the_claim_is_taken_over_after_the_lease` |
 
 use std::str::FromStr;
 use std::sync::Arc;

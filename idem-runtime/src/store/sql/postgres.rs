@@ -7,6 +7,22 @@
 //! leases on the database server's clock, and claims that can join the
 //! caller's own transaction. The dialect's statements, clock and migration
 //! lock; the algorithms are the shared ones in `store.rs`.
+//!
+//! # Limits of PostgreSQL
+//!
+//! What the server (and sqlx in front of it) answers at its edges, and what the
+//! store, `tx = tx` calls, `Runner::run_in_tx` and the outbox make of it. A row
+//! whose test says `none yet` is not checked against a real server.
+//!
+//! | limit or odd answer | what PostgreSQL does | what idem does | test |
+//! |---|---|---|---|
+//! | a transaction aborted by a failed statement (25P02) | every later statement fails with 25P02; `COMMIT` answers `ROLLBACK` and no error | `commit_refused` asks (`SELECT 1`) and `run_in_tx` rolls back and redelivers instead of acking | `tests/consumer_tx.rs::postgres::an_aborted_transaction_is_not_acked_and_redelivers` |
+//! | `COMMIT` that fails (a deferred constraint, a serialization failure at commit) | an error, nothing kept | `TxError::Commit`: not acked, redelivered | `tests/consumer_tx.rs::postgres::a_commit_that_fails_is_not_acked_and_leaves_no_record` |
+//! | connection lost while `COMMIT` is in flight | the transaction may have committed | reported as `TxError::Commit` ("nothing lasted" is then not certain): not acked; the redelivery replays the record if it committed, runs if it did not | none yet |
+//! | session ended by the server mid-transaction (`idle_in_transaction_session_timeout`, a restart) | the transaction is rolled back and the connection closed | the body's next statement or the commit fails: not acked; a claim on the pool is taken over after its lease | pool: `tests/postgres/fail_closed.rs::a_connection_lost_between_claim_and_complete_is_taken_over_after_the_lease`; inside `run_in_tx`: none yet |
+//! | lost lock conflicts: 40P01, 40001, 55P03 | the statement fails, and the transaction with it (25P02 after) | retried on the pool; inside the caller's transaction the error reaches the caller and `PgStore::is_retryable` says so | `tests/postgres/transaction.rs::a_serialization_failure_in_a_transaction_is_retryable` |
+//! | at most 65 535 bind parameters per statement | sqlx refuses before sending (`too many arguments for query`) | `outbox::put_all` binds 6 per message and one more: over 10 922 messages in one call fails whole, nothing written, the transaction still usable; the relay's batch (at most 10 000) binds arrays | none yet |
+//! | `text` holds no NUL; `text`/`bytea` at most 1 GB | error (22021, 54000) | `put` refuses control characters in topic, id and ordering key and CR, LF, NUL in header values; results stay under `max_result_bytes` (1 MiB unless set) | CR/LF: `tests/outbox/scenarios.rs::outside_a_call_a_message_needs_an_id_and_a_repeated_id_is_one_row`; NUL and the 1 GB edge: none yet |
 
 use std::str::FromStr;
 use std::sync::Arc;

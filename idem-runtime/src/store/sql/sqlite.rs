@@ -1,6 +1,19 @@
 //! The embedded durable store: SQLite through sqlx, in a file or in memory.
 //! The dialect's statements and clock; the algorithms are the shared ones in
 //! `store.rs`.
+//!
+//! # Limits of SQLite
+//!
+//! What the library (bundled with sqlx) answers at its edges, and what the
+//! store, `tx = tx` calls, `Runner::run_in_tx` and the outbox make of it. A row
+//! whose test says `none yet` is not checked.
+//!
+//! | limit or odd answer | what SQLite does | what idem does | test |
+//! |---|---|---|---|
+//! | one writer at a time | a writer waits up to `busy_timeout` (the store's default: 5 s), then `SQLITE_BUSY`; a read transaction that then writes fails at once with `SQLITE_BUSY_SNAPSHOT` (WAL) | no read before the claim's write (`READ_FIRST` off): a duplicate waits for the writer, then replays or claims | `tests/transaction.rs::sqlite_concurrent_duplicate_waits_for_the_writer_and_replays`, `tests/transaction.rs::sqlite_a_claim_that_waited_for_the_write_lock_starts_its_lease_when_it_wins`; past `busy_timeout`: none yet |
+//! | a transaction SQLite ends by itself: `ON CONFLICT ROLLBACK`, `RAISE(ROLLBACK)`, and possibly `SQLITE_FULL`, `SQLITE_IOERR`, `SQLITE_NOMEM`, `SQLITE_BUSY`, `SQLITE_INTERRUPT` | rolls back; the statements after it run in autocommit; `COMMIT` fails (no transaction is active). Only `sqlite3_get_autocommit` tells | `commit_refused` answers `None`; the failed `COMMIT` is `TxError::Commit`: not acked (safe), but what the handler wrote after the rollback stays, as on MariaDB | none yet |
+//! | at most 32 766 bound variables per statement | `too many SQL variables` | `outbox::put_all` binds 5 per message: over 6 553 messages in one call fails; the relay's batch (at most 10 000, and the token) stays under | none yet |
+//! | a string or blob over `SQLITE_MAX_LENGTH` (1 000 000 000 bytes) | `SQLITE_TOOBIG` | results stay under `max_result_bytes` (1 MiB unless set; not capped) | at the 1 MiB cap: `tests/conformance.rs::sqlite_file_store::outcomes_and_payloads_round_trip`; at 1 GB: none yet |
 
 use std::path::Path;
 use std::str::FromStr;
