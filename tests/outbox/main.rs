@@ -287,6 +287,7 @@ on_every_database!(
     a_transaction_tried_again_inside_the_call_writes_one_row,
     outside_a_call_a_message_needs_an_id_and_a_repeated_id_is_one_row,
     a_callers_id_held_by_another_message_is_refused,
+    names_that_differ_only_in_case_accent_or_trailing_space_are_distinct,
     two_relays_publish_each_message_once,
     a_broker_outage_keeps_the_backlog_and_it_drains_after,
     one_ordering_key_is_published_in_commit_order,

@@ -189,19 +189,39 @@ where
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Option<Vec<u8>>: Decode<'r, R::Database> + Type<R::Database>,
 {
     fn int(&self, column: &str) -> Result<i64, sqlx::Error> {
         self.try_get(column)
     }
+    // MySQL keeps the outbox's names as VARBINARY (bytes compare as on the
+    // other databases), which sqlx will not decode into a `String`: read
+    // the bytes, then the UTF-8 `put` wrote.
     fn text(&self, column: &str) -> Result<String, sqlx::Error> {
-        self.try_get(column)
+        match self.try_get(column) {
+            Err(sqlx::Error::ColumnDecode { .. }) => utf8(column, self.try_get(column)?),
+            other => other,
+        }
     }
     fn maybe(&self, column: &str) -> Result<Option<String>, sqlx::Error> {
-        self.try_get(column)
+        match self.try_get(column) {
+            Err(sqlx::Error::ColumnDecode { .. }) => self
+                .try_get::<Option<Vec<u8>>, _>(column)?
+                .map(|b| utf8(column, b))
+                .transpose(),
+            other => other,
+        }
     }
     fn bytes(&self, column: &str) -> Result<Vec<u8>, sqlx::Error> {
         self.try_get(column)
     }
+}
+
+fn utf8(column: &str, bytes: Vec<u8>) -> Result<String, sqlx::Error> {
+    String::from_utf8(bytes).map_err(|e| sqlx::Error::ColumnDecode {
+        index: column.to_owned(),
+        source: Box::new(e),
+    })
 }
 
 /// `(s1, s2, …)`, each a bound parameter: the `IN` list of the dialects

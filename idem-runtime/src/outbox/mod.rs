@@ -125,8 +125,9 @@ impl Message {
 
     /// A header the sink passes on (a stream field `h:<name>`, a NATS
     /// header, an AMQP header). [`put`] refuses a name that is not visible
-    /// ASCII without `:` or is over 255 bytes, and a value holding CR, LF or
-    /// NUL: no broker carries those whole.
+    /// ASCII without `:` or is over 255 bytes, a value holding CR, LF or
+    /// NUL (no broker carries those whole), and headers that take more than
+    /// [`MAX_HEADERS_BYTES`] as stored.
     pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Message {
         self.headers.insert(name.into(), value.into());
         self
@@ -200,6 +201,13 @@ pub const MAX_NAME_CHARS: usize = 255;
 /// (routing key, `message-id`, a header's name) is at most 255 bytes, and a
 /// longer one breaks the frame for every message on the channel.
 pub const MAX_NAME_BYTES: usize = 255;
+
+/// The most a message's headers may take as stored: their JSON object, in
+/// bytes. MySQL keeps them in a `TEXT` column (65 535 bytes); the same bound
+/// everywhere keeps the three databases interchangeable, and it keeps a
+/// message's header block well inside what a broker takes in one piece
+/// (RabbitMQ's content header frame, NATS headers within `max_payload`).
+pub const MAX_HEADERS_BYTES: usize = 65_535;
 
 /// A topic, id or ordering key: not empty, within the table's characters
 /// and (`on_the_wire`: the topic and the id, which brokers carry) AMQP's
@@ -280,7 +288,17 @@ impl Message {
         let headers = if self.headers.is_empty() {
             None
         } else {
-            Some(serde_json::to_string(&self.headers).expect("string maps encode"))
+            let json = serde_json::to_string(&self.headers).expect("string maps encode");
+            if json.len() > MAX_HEADERS_BYTES {
+                return Err(OutboxError::Invalid {
+                    what: "headers",
+                    problem: format!(
+                        "take {} bytes as stored (a JSON object), over {MAX_HEADERS_BYTES}",
+                        json.len()
+                    ),
+                });
+            }
+            Some(json)
         };
         Ok(NewRow {
             id,

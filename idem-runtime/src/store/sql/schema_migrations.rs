@@ -86,6 +86,11 @@ pub(crate) const MYSQL: &[Migration] = &[
         description: "create idem_recovery",
         sql: include_str!("../../../migrations/mysql/0003_recovery.sql"),
     },
+    Migration {
+        version: 4,
+        description: "outbox names as bytes",
+        sql: include_str!("../../../migrations/mysql/0004_outbox_names_as_bytes.sql"),
+    },
 ];
 
 #[cfg(feature = "mysql")]
