@@ -288,6 +288,7 @@ on_every_database!(
     outside_a_call_a_message_needs_an_id_and_a_repeated_id_is_one_row,
     a_callers_id_held_by_another_message_is_refused,
     names_that_differ_only_in_case_accent_or_trailing_space_are_distinct,
+    a_batch_past_every_statement_cap_is_written_whole,
     two_relays_publish_each_message_once,
     a_broker_outage_keeps_the_backlog_and_it_drains_after,
     one_ordering_key_is_published_in_commit_order,
@@ -298,3 +299,39 @@ on_every_database!(
     a_relay_that_finishes_late_counts_the_rows_it_marked,
     a_running_relay_purges_sent_messages_after_the_retention,
 );
+
+/// One message larger than MariaDB's `max_allowed_packet` cannot be cut:
+/// the write fails with the server's reason, not a bare I/O error (a batch
+/// of many smaller messages past it is written whole, in statements under
+/// it: `a_batch_past_every_statement_cap_is_written_whole`).
+#[tokio::test]
+async fn mysql_one_message_over_max_allowed_packet_names_the_limit() {
+    let Some(db) = mysql().await else { return };
+    let limit: u64 = sqlx::query_scalar("SELECT @@max_allowed_packet")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let topic = format!("huge.{}", tag());
+    let mut tx = db.pool.begin().await.unwrap();
+    // Under: half the limit goes.
+    let half = usize::try_from(limit / 2).unwrap();
+    idem_runtime::outbox::put(
+        &mut tx,
+        idem_runtime::outbox::Message::bytes(topic.as_str(), vec![b'x'; half]).id("half"),
+    )
+    .await
+    .expect("a message of half max_allowed_packet");
+    tx.commit().await.unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    let over = usize::try_from(limit).unwrap() + 1;
+    let err = idem_runtime::outbox::put(
+        &mut tx,
+        idem_runtime::outbox::Message::bytes(topic.as_str(), vec![b'x'; over]).id("over"),
+    )
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("max_allowed_packet"), "{err}");
+    drop(tx);
+    assert_eq!(backlog_of(&db.pool, &topic).await.pending, 1);
+    db.drop().await;
+}

@@ -500,6 +500,72 @@ pub async fn names_that_differ_only_in_case_accent_or_trailing_space_are_distinc
     assert_eq!(got, want, "each id sent once, byte for byte");
 }
 
+/// One `put_all` past every database's cap on a statement: 13 108 messages
+/// are 65 540 parameters or more (SQLite takes 32 766, PostgreSQL and MySQL
+/// 65 535), and 17 messages of 1 MiB pass MariaDB's 16 MiB
+/// `max_allowed_packet` (was: a database error, on MariaDB with the
+/// connection and the caller's transaction gone). Written whole, ids in the
+/// caller's order, keyed messages in their order.
+pub async fn a_batch_past_every_statement_cap_is_written_whole<DB: OutboxDatabase>(
+    pool: &Pool<DB>,
+) {
+    let topic = format!("bulk.{}", tag());
+    let n = 13_108;
+    let mut tx = pool.begin().await.unwrap();
+    let written = outbox::put_all(
+        &mut tx,
+        (0..n).map(|i| {
+            // A few keyed ones, spread over the statements: a relay round
+            // takes one message per key, so many would make a slow test.
+            let m = msg(&topic, &format!("m-{i}"));
+            if i % 1_000 == 0 {
+                m.ordering_key(format!("k-{}", i % 3_000))
+            } else {
+                m
+            }
+        }),
+    )
+    .await
+    .expect("a batch past the parameter caps");
+    let want: Vec<String> = (0..n).map(|i| format!("m-{i}")).collect();
+    assert_eq!(
+        written.iter().map(|id| id.as_str()).collect::<Vec<_>>(),
+        want,
+        "ids in the caller's order"
+    );
+    let big = format!("big.{}", tag());
+    let mib = vec![b'x'; 1 << 20];
+    outbox::put_all(
+        &mut tx,
+        (0..17).map(|i| Message::bytes(big.as_str(), mib.clone()).id(format!("big-{i}"))),
+    )
+    .await
+    .expect("17 MiB in one batch");
+    tx.commit().await.unwrap();
+    assert_eq!(backlog_of(pool, &topic).await.pending, n as u64);
+    assert_eq!(backlog_of(pool, &big).await.pending, 17);
+
+    // A key's messages go out in the order they were written.
+    let (sink, mut rx) = MemorySink::channel(2 * n);
+    let relay = Relay::builder(pool.clone(), sink).batch(5_000).build();
+    let mut seen: Vec<Outgoing> = Vec::new();
+    while seen.len() < n + 17 {
+        let round = relay.run_once().await.unwrap();
+        assert!(round.claimed > 0, "stalled at {}", seen.len());
+        seen.extend(drain(&mut rx));
+    }
+    for k in [0, 1_000, 2_000] {
+        let key = format!("k-{k}");
+        let order: Vec<usize> = seen
+            .iter()
+            .filter(|m| m.ordering_key.as_deref() == Some(key.as_str()))
+            .map(|m| m.id.as_str()[2..].parse().unwrap())
+            .collect();
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{key}: {order:?}");
+        assert!(!order.is_empty());
+    }
+}
+
 pub async fn two_relays_publish_each_message_once<DB: OutboxDatabase>(pool: &Pool<DB>) {
     let topic = format!("bulk.{}", tag());
     const N: usize = 400;

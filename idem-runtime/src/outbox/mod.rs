@@ -3,7 +3,8 @@
 //!
 //! 1. **Writing.** [`put`] / [`put_all`] insert messages into `idem_outbox`
 //!    inside the caller's sqlx transaction (PostgreSQL, MySQL/MariaDB, SQLite),
-//!    in one statement. A rolled-back transaction leaves nothing to send.
+//!    in one statement (one per 1 000 messages or 4 MiB). A rolled-back
+//!    transaction leaves nothing to send.
 //! 2. **Relaying.** A [`Relay`] claims committed messages in batches
 //!    (`FOR UPDATE SKIP LOCKED` where the database has it, so relays share
 //!    the work), publishes them through a [`Sink`](sink::Sink), and marks them
@@ -61,6 +62,7 @@ mod dialect;
 mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod put;
 mod relay;
 pub mod sink;
 #[cfg(feature = "sqlite")]
@@ -72,6 +74,7 @@ pub use crate::consumer::MessageId;
 pub use admin::{backlog, list, purge, retry};
 use dialect::NewRow;
 pub use dialect::{Backlog, ListedMessage, MessageState, OutboxDatabase};
+pub use put::{OutboxTx, put, put_all};
 pub use relay::{Relay, RelayBuilder, RelayStats, Round};
 
 use crate::error::{CodecError, StoreError};
@@ -309,173 +312,6 @@ impl Message {
             explicit,
         })
     }
-}
-
-/// A transaction (or connection) messages can be written on: a
-/// `&mut sqlx::Transaction` of PostgreSQL, MySQL or SQLite, or their bare
-/// connections.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a transaction the outbox can write in",
-    label = "pass the `&mut sqlx::Transaction<'_, DB>` from `pool.begin()`",
-    note = "the outbox is on PostgreSQL, MySQL/MariaDB and SQLite (features `postgres`, `mysql`, `sqlite`)"
-)]
-pub trait OutboxTx: Send {
-    /// The database.
-    type Database: OutboxDatabase;
-
-    /// The connection the insert runs on.
-    fn outbox_connection(&mut self) -> &mut <Self::Database as sqlx::Database>::Connection;
-}
-
-impl<DB: OutboxDatabase> OutboxTx for sqlx::Transaction<'_, DB> {
-    type Database = DB;
-
-    fn outbox_connection(&mut self) -> &mut DB::Connection {
-        self
-    }
-}
-
-macro_rules! outbox_connection {
-    ($feature:literal, $conn:ty, $db:ty) => {
-        #[cfg(feature = $feature)]
-        impl OutboxTx for $conn {
-            type Database = $db;
-
-            fn outbox_connection(&mut self) -> &mut $conn {
-                self
-            }
-        }
-    };
-}
-outbox_connection!("postgres", sqlx::PgConnection, sqlx::Postgres);
-outbox_connection!("mysql", sqlx::MySqlConnection, sqlx::MySql);
-outbox_connection!("sqlite", sqlx::SqliteConnection, sqlx::Sqlite);
-
-/// Writes one message in the caller's transaction and returns its id.
-///
-/// Inside an idempotent call the id derives from the call's key, so a
-/// retried call writes no second row; outside one, give it with
-/// [`Message::id`] (see the [module documentation](self)).
-///
-/// ```no_run
-/// # #[cfg(feature = "postgres")] mod doc {
-/// use idem_runtime::idempotent;
-/// use idem_runtime::outbox::{self, Message};
-///
-/// #[derive(serde::Serialize)]
-/// struct OrderCreated { order_id: i64 }
-/// # #[derive(Debug)]
-/// # enum AppError {
-/// #     Idem(idem_runtime::Error),
-/// #     Db(sqlx::Error),
-/// #     Codec(idem_runtime::CodecError),
-/// #     Outbox(outbox::OutboxError),
-/// # }
-/// # impl From<idem_runtime::Error> for AppError { fn from(e: idem_runtime::Error) -> Self { AppError::Idem(e) } }
-/// # impl From<sqlx::Error> for AppError { fn from(e: sqlx::Error) -> Self { AppError::Db(e) } }
-/// # impl From<idem_runtime::CodecError> for AppError { fn from(e: idem_runtime::CodecError) -> Self { AppError::Codec(e) } }
-/// # impl From<outbox::OutboxError> for AppError { fn from(e: outbox::OutboxError) -> Self { AppError::Outbox(e) } }
-///
-/// #[idempotent(scope = "orders.create", key = "id")]
-/// async fn create_order(pool: &sqlx::PgPool, id: i64, sku: String) -> Result<(), AppError> {
-///     let mut tx = pool.begin().await?;
-///     sqlx::query("INSERT INTO orders (id, sku) VALUES ($1, $2)").bind(id).bind(&sku).execute(&mut *tx).await?;
-///     outbox::put(&mut tx, Message::json("orders.created", &OrderCreated { order_id: id })?
-///         .ordering_key(id.to_string())).await?;
-///     tx.commit().await?;
-///     Ok(())
-/// }
-/// # }
-/// ```
-pub async fn put<T: OutboxTx + ?Sized>(
-    tx: &mut T,
-    message: Message,
-) -> Result<MessageId, OutboxError> {
-    let mut ids = put_all(tx, [message]).await?;
-    Ok(ids.remove(0))
-}
-
-/// Writes several messages in the caller's transaction with one statement
-/// (MySQL adds one for the messages' ordering keys, if they have any) and
-/// returns their ids in order.
-///
-/// ```no_run
-/// use idem_runtime::outbox::{self, Message};
-/// # async fn go(pool: sqlx::SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
-/// let mut tx = pool.begin().await?;
-/// let ids = outbox::put_all(&mut tx, [
-///     Message::bytes("stock.reserved", b"{}".to_vec()).id("r-1"),
-///     Message::bytes("orders.created", b"{}".to_vec()).id("o-1"),
-/// ]).await?;
-/// tx.commit().await?;
-/// assert_eq!(ids.len(), 2);
-/// # Ok(()) }
-/// ```
-pub async fn put_all<T, I>(tx: &mut T, messages: I) -> Result<Vec<MessageId>, OutboxError>
-where
-    T: OutboxTx + ?Sized,
-    I: IntoIterator<Item = Message>,
-{
-    let rows = messages
-        .into_iter()
-        .map(Message::into_row)
-        .collect::<Result<Vec<_>, _>>()?;
-    if rows.is_empty() {
-        return Ok(Vec::new());
-    }
-    // Two messages of this batch under one id: the database would keep the
-    // first and drop the second unseen.
-    if rows.len() > 1 {
-        let mut seen: std::collections::HashMap<&str, &NewRow> = Default::default();
-        for row in &rows {
-            if let Some(first) = seen.insert(&row.id, row) {
-                if let Some(part) = dialect::first_difference(first.parts(), row.parts()) {
-                    return Err(OutboxError::IdTaken {
-                        id: row.id.clone(),
-                        part,
-                    });
-                }
-            }
-        }
-    }
-    let db = |e| StoreError::new(<T::Database as dialect::Dialect>::BACKEND, "outbox", e);
-    let conn = tx.outbox_connection();
-    let inserted = <T::Database as dialect::Dialect>::insert(conn, &rows)
-        .await
-        .map_err(db)?;
-    // A derived id hashes the whole message, so the row holding it is this
-    // message. A caller's id may be held by another message, which the
-    // broker and every consumer would take this one for.
-    if inserted != dialect::Inserted::All && rows.iter().any(|r| r.explicit) {
-        let explicit: Vec<&str> = rows
-            .iter()
-            .filter(|r| r.explicit)
-            .map(|r| r.id.as_str())
-            .collect();
-        let stored = <T::Database as dialect::Dialect>::stored(conn, &explicit)
-            .await
-            .map_err(db)?;
-        let taken = rows.iter().filter(|r| r.explicit).find_map(|row| {
-            stored
-                .iter()
-                .filter(|s| s.wanted == row.id)
-                .find_map(|s| dialect::first_difference(s.parts(), row.parts()))
-                .map(|part| (row.id.clone(), part))
-        });
-        match taken {
-            Some((id, part)) => return Err(OutboxError::IdTaken { id, part }),
-            // Only the database compared (MySQL's collation, not bytes): it
-            // wrote nothing, so this is no success either.
-            None if inserted == dialect::Inserted::Refused => {
-                return Err(OutboxError::IdTaken {
-                    id: explicit.join(", "),
-                    part: "content (as the database compares ids)",
-                });
-            }
-            None => {}
-        }
-    }
-    Ok(rows.into_iter().map(|r| MessageId::new(r.id)).collect())
 }
 
 /// A claimed message on its way to the broker.
