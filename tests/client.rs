@@ -443,6 +443,49 @@ async fn a_streaming_body_is_sent_once() {
 }
 
 // ---------------------------------------------------------------------------
+// A call taken over
+// ---------------------------------------------------------------------------
+
+/// `charge` on a one-second lease.
+#[idempotent(key = "order_id", store = &*STORE, lease = "1s")]
+async fn charge_on_a_short_lease(
+    psp: &ClientWithMiddleware,
+    url: &str,
+    order_id: u64,
+) -> Result<(u16, String), AppError> {
+    let expected = current_key().unwrap().derive("psp:charge").to_hex();
+    let response = psp.post(url).derive_key("psp:charge").send().await?;
+    Ok((response.status().as_u16(), expected))
+}
+
+/// A call that stopped after its request reached the server (a crash: here
+/// its future dropped) is taken over once its lease ends, and sends the same
+/// key again: the server deduplicates it only while it still remembers the
+/// key, which is why the lease and recovery must stay well inside the
+/// server's window (Stripe's 24 hours).
+#[tokio::test]
+async fn a_call_taken_over_after_its_lease_sends_its_key_again() {
+    let (url, psp) = serve(&[]).await;
+    let client = client();
+    psp.slow.store(1, SeqCst);
+    let crashed = tokio::time::timeout(
+        Duration::from_millis(300),
+        charge_on_a_short_lease(&client, &url, 20),
+    )
+    .await;
+    assert!(crashed.is_err(), "the first run was meant to be cut off");
+    assert_eq!(psp.seen().len(), 1, "its request reached the server");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (status, expected) = charge_on_a_short_lease(&client, &url, 20).await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(
+        psp.keys(),
+        vec![vec![expected]; 2],
+        "the takeover's key is the first run's"
+    );
+}
+
+// ---------------------------------------------------------------------------
 // Retry-After
 // ---------------------------------------------------------------------------
 

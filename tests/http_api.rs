@@ -4,12 +4,17 @@
 #[path = "../examples/http_api/http_api.rs"]
 mod http_api;
 
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
-use http_api::{App, Order, Payment, fake_psp, router};
+use http_api::{App, AppError, Order, Payment, fake_psp, router};
+use idem_runtime::client::{DeriveKey, IdempotencyMiddleware};
+use idem_runtime::idempotent;
 use idem_runtime::store::StoreRef;
+use idem_runtime::store::memory::MemoryStore;
 use idem_runtime::store::sql::SqliteStore;
 use reqwest::StatusCode;
+use reqwest_middleware::ClientBuilder;
 use serde_json::json;
 
 async fn serve(work: Duration) -> String {
@@ -277,4 +282,128 @@ async fn a_payment_charges_once_through_the_middlewares_retry_and_replays() {
     let other = pay(9999).await.unwrap();
     assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(charges().await, json!({"charges": 1, "requests": 2}));
+}
+
+/// One request as the service answered it: its key, status and whether it
+/// was a replay.
+type Answered = (String, StatusCode, bool);
+
+/// Serves the example with each request run to its end in a task of its own,
+/// as behind a proxy that keeps the upstream request when its client goes
+/// away (hyper alone drops a request whose client left); records what each
+/// request with an `Idempotency-Key` was answered, in the order the answers
+/// were made.
+async fn serve_to_the_end(work: Duration) -> (String, Arc<Mutex<Vec<Answered>>>) {
+    let store = SqliteStore::in_memory().await.unwrap();
+    let app = App::new(StoreRef::new(store), work, fake_psp().await);
+    let answered = Arc::new(Mutex::new(Vec::new()));
+    let log = answered.clone();
+    let to_the_end = axum::middleware::from_fn(
+        move |req: axum::extract::Request, next: axum::middleware::Next| {
+            let log = log.clone();
+            async move {
+                let Some(key) = req.headers().get("idempotency-key") else {
+                    return next.run(req).await;
+                };
+                let key = key.to_str().unwrap().to_owned();
+                // Logged by the task: the answer to a client that left is
+                // made all the same.
+                tokio::spawn(async move {
+                    let res = next.run(req).await;
+                    let replayed = res.headers().contains_key("idempotent-replayed");
+                    log.lock().unwrap().push((key, res.status(), replayed));
+                    res
+                })
+                .await
+                .unwrap()
+            }
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = router(app).layer(to_the_end);
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (format!("http://{addr}"), answered)
+}
+
+/// The callers' own store, for their `#[idempotent]` calls.
+static CALLER_STORE: LazyLock<MemoryStore> = LazyLock::new(MemoryStore::new);
+
+/// Orders through the middleware from an idempotent call: the order's key
+/// is derived from the call's, each attempt given `timeout`; the status and
+/// order the caller ends with.
+#[idempotent(key = "order_no", store = &*CALLER_STORE)]
+async fn order_through_the_middleware(
+    base: &str,
+    timeout: Duration,
+    order_no: u64,
+) -> Result<(u16, Option<Order>), AppError> {
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            IdempotencyMiddleware::new()
+                .max_attempts(4)
+                .base_delay(Duration::from_millis(50)),
+        )
+        .build();
+    let answer = client
+        .post(format!("{base}/orders"))
+        .header("x-tenant", "acme")
+        .derive_key("orders:create")
+        .timeout(timeout)
+        .json(&order_body())
+        .send()
+        .await?;
+    let status = answer.status().as_u16();
+    Ok((status, answer.json().await.ok()))
+}
+
+/// The caller gives up on its first attempt while the service still works
+/// on it; the retry, with the same key, meets 409 and its `Retry-After`, and
+/// the one after that the first attempt's 201, replayed. One order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_times_out_waits_out_the_409_and_gets_the_one_order() {
+    let (base, answered) = serve_to_the_end(Duration::from_millis(800)).await;
+    let c = reqwest::Client::new();
+
+    // Under: the attempt outlasts the work, one request.
+    let (status, order) = order_through_the_middleware(&base, Duration::from_secs(5), 1)
+        .await
+        .unwrap();
+    assert_eq!(status, 201);
+    let seen = std::mem::take(&mut *answered.lock().unwrap());
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!((seen[0].1, seen[0].2), (StatusCode::CREATED, false));
+    assert_eq!(orders(&c, &base).await, vec![order.unwrap()]);
+
+    // Over: the first attempt times out at 300 ms and runs on to 800 ms.
+    let (status, order) = order_through_the_middleware(&base, Duration::from_millis(300), 2)
+        .await
+        .unwrap();
+    let seen = answered.lock().unwrap().clone();
+    assert_eq!(status, 201, "{seen:?}");
+    assert!(
+        seen.iter().all(|(k, ..)| *k == seen[0].0 && k.len() == 64),
+        "one derived key on every attempt: {seen:?}"
+    );
+    let statuses: Vec<_> = seen.iter().map(|(_, s, r)| (*s, *r)).collect();
+    assert!(
+        statuses.contains(&(StatusCode::CONFLICT, false)),
+        "the retry met the first attempt: {seen:?}"
+    );
+    assert_eq!(
+        statuses
+            .iter()
+            .filter(|s| **s == (StatusCode::CREATED, false))
+            .count(),
+        1,
+        "the order was made once: {seen:?}"
+    );
+    assert_eq!(
+        statuses.last(),
+        Some(&(StatusCode::CREATED, true)),
+        "the caller ended with the first attempt's 201: {seen:?}"
+    );
+    let all = orders(&c, &base).await;
+    assert_eq!(all.len(), 2, "one order per call: {all:?}");
+    assert_eq!(order.as_ref(), all.last());
 }

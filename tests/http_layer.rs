@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::routing::post;
 use idem_runtime::http::{IdempotencyLayer, KeyRules};
 use idem_runtime::store::StoreRef;
@@ -630,6 +630,278 @@ async fn the_stored_response_cap_is_configurable() {
     let again = post_with(&c, &small, "t1", Some(&k), "a").await;
     assert_eq!(again.headers()["idempotent-replayed"], "true");
     assert_eq!(counter.runs.load(SeqCst), 3);
+}
+
+/// Answers `n` bytes that are not UTF-8 (so stored in hex, twice their size).
+fn binary_app(layer: IdempotencyLayer, n: usize) -> (Router, Arc<Counter>) {
+    let counter = Arc::new(Counter::default());
+    let app = Router::new()
+        .route(
+            "/blob",
+            post(move |State(c): State<Arc<Counter>>| async move {
+                c.runs.fetch_add(1, SeqCst);
+                let mut h = HeaderMap::new();
+                h.insert("content-type", "application/octet-stream".parse().unwrap());
+                (StatusCode::CREATED, h, vec![0xff_u8; n])
+            }),
+        )
+        .layer(layer)
+        .with_state(counter.clone());
+    (app, counter)
+}
+
+#[tokio::test]
+async fn a_binary_body_whose_hex_is_over_the_stores_cap_passes_through_and_releases_the_key() {
+    // 1 024 bytes: at `max_response_bytes`, and under either store cap as
+    // they are; in hex, with the record around them, about 2 130.
+    for (store_cap, stored) in [(2_200, true), (2_000, false)] {
+        let store = MemoryStore::builder().max_result_bytes(store_cap).build();
+        let (app, counter) = binary_app(layer(StoreRef::new(store)).max_response_bytes(1024), 1024);
+        let url = format!("{}/blob", serve_app(app).await);
+        let c = reqwest::Client::new();
+        let k = key();
+        for _ in 0..2 {
+            let r = post_with(&c, &url, "t1", Some(&k), "a").await;
+            assert_eq!(r.status(), StatusCode::CREATED, "cap {store_cap}");
+            assert_eq!(r.bytes().await.unwrap(), vec![0xff_u8; 1024]);
+        }
+        let again = post_with(&c, &url, "t1", Some(&k), "a").await;
+        assert_eq!(again.status(), StatusCode::CREATED, "cap {store_cap}");
+        assert_eq!(
+            again.headers().get("idempotent-replayed").is_some(),
+            stored,
+            "cap {store_cap}: {:?}",
+            again.headers()
+        );
+        let runs = if stored { 1 } else { 3 };
+        assert_eq!(
+            counter.runs.load(SeqCst),
+            runs,
+            "cap {store_cap}: unrecorded, each retry runs"
+        );
+    }
+}
+
+/// Answers `Location` and `Content-Disposition` with the run number in
+/// them: visible ASCII, or (with `opaque` in the query) bytes of 0x80 and
+/// above: UTF-8 in the path, a Latin-1 `é` (0xe9, not UTF-8) in the file name.
+async fn with_opaque_headers(
+    State(c): State<Arc<Counter>>,
+    axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> (StatusCode, HeaderMap, &'static str) {
+    let n = c.runs.fetch_add(1, SeqCst) + 1;
+    let (location, file) = if q.contains_key("opaque") {
+        (
+            format!("/files/caf\u{e9}-{n}").into_bytes(),
+            [
+                &b"attachment; filename=\"caf\xe9-"[..],
+                n.to_string().as_bytes(),
+                b".txt\"",
+            ]
+            .concat(),
+        )
+    } else {
+        (
+            format!("/files/cafe-{n}").into_bytes(),
+            format!("attachment; filename=\"cafe-{n}.txt\"").into_bytes(),
+        )
+    };
+    let mut h = HeaderMap::new();
+    h.insert("location", HeaderValue::from_bytes(&location).unwrap());
+    h.insert(
+        "content-disposition",
+        HeaderValue::from_bytes(&file).unwrap(),
+    );
+    (StatusCode::CREATED, h, "ok")
+}
+
+#[tokio::test]
+async fn response_header_values_are_replayed_byte_for_byte_ascii_or_not() {
+    use axum::http::header::{CONTENT_DISPOSITION, LOCATION};
+    let counter = Arc::new(Counter::default());
+    let app = Router::new()
+        .route("/files", post(with_opaque_headers))
+        .layer(
+            layer(StoreRef::new(MemoryStore::new())).store_headers([LOCATION, CONTENT_DISPOSITION]),
+        )
+        .with_state(counter.clone());
+    let base = format!("{}/files", serve_app(app).await);
+    let c = reqwest::Client::new();
+    for (query, runs) in [("", 1), ("?opaque", 2)] {
+        let url = format!("{base}{query}");
+        let k = key();
+        let first = post_with(&c, &url, "t1", Some(&k), "a").await;
+        assert_eq!(first.status(), StatusCode::CREATED);
+        let again = post_with(&c, &url, "t1", Some(&k), "a").await;
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        for name in [LOCATION, CONTENT_DISPOSITION] {
+            let sent = first.headers()[&name].as_bytes();
+            assert_eq!(
+                again.headers().get(&name).map(|v| v.as_bytes()),
+                Some(sent),
+                "{name} {query}: sent {:?}",
+                String::from_utf8_lossy(sent)
+            );
+        }
+        assert_eq!(counter.runs.load(SeqCst), runs, "{query}");
+    }
+}
+
+/// The address `serve` listens on, from its URL.
+fn addr_of(url: &str) -> &str {
+    url.trim_start_matches("http://")
+        .trim_end_matches("/things")
+}
+
+/// Reads one response head (up to its empty line) off a raw connection;
+/// its lines, the status line first.
+async fn read_head(r: &mut (impl tokio::io::AsyncBufRead + Unpin)) -> Vec<String> {
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = Vec::new();
+    loop {
+        let mut line = String::new();
+        let n = tokio::time::timeout(Duration::from_secs(5), r.read_line(&mut line))
+            .await
+            .expect("a response within 5 s")
+            .unwrap();
+        if n == 0 || line == "\r\n" {
+            return lines;
+        }
+        lines.push(line.trim_end().to_owned());
+    }
+}
+
+/// Sends `head` and `body` as they are on a fresh connection; the first
+/// response's status line. The body is written from another task: a server
+/// that stops reading (a head over its limit) answers meanwhile.
+async fn raw_status(url: &str, head: String, body: &'static [u8]) -> String {
+    use tokio::io::AsyncWriteExt;
+    let stream = tokio::net::TcpStream::connect(addr_of(url)).await.unwrap();
+    let (r, mut w) = stream.into_split();
+    let writing = tokio::spawn(async move {
+        // The server may close first: what it answered is what counts.
+        let _ = w.write_all(head.as_bytes()).await;
+        let _ = w.write_all(body).await;
+        w
+    });
+    let status = read_head(&mut tokio::io::BufReader::new(r)).await.remove(0);
+    drop(writing.await);
+    status
+}
+
+/// A head with `x-tenant`, `idempotency-key`, `content-length` and `host`
+/// and `extra` headers more.
+fn head_with(k: &str, extra: &[(String, String)]) -> String {
+    let mut head = format!(
+        "POST /things HTTP/1.1\r\nhost: x\r\nx-tenant: t1\r\nidempotency-key: {k}\r\ncontent-length: 1\r\n"
+    );
+    for (name, value) in extra {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head + "\r\n"
+}
+
+#[tokio::test]
+async fn a_head_over_hypers_limits_is_431_and_claims_nothing() {
+    let (url, counter) = serve(layer(StoreRef::new(MemoryStore::new()))).await;
+    let pads = |n: usize| -> Vec<(String, String)> {
+        (0..n).map(|i| (format!("x-pad-{i}"), "1".into())).collect()
+    };
+    let big = |kib: usize| vec![("x-big".to_owned(), "b".repeat(kib * 1024))];
+    // hyper's defaults: 100 headers (four of `head_with`'s own, and 96 or
+    // 97 more), and a head buffer of 8 KiB + 100 × 4 KiB (408 KiB). A head
+    // under it is always taken; the buffer is checked between reads, and one
+    // read may fill up to twice that, so 1 MiB is surely over.
+    let k = key();
+    for extra in [pads(97), big(1024)] {
+        let status = raw_status(&url, head_with(&k, &extra), b"a").await;
+        assert!(status.starts_with("HTTP/1.1 431"), "{status}");
+    }
+    assert_eq!(counter.runs.load(SeqCst), 0);
+    // Nothing was claimed: the key is free, not PROCESSING nor a replay.
+    let c = reqwest::Client::new();
+    let r = post_with(&c, &url, "t1", Some(&k), "a").await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert!(r.headers().get("idempotent-replayed").is_none());
+    assert_eq!(counter.runs.load(SeqCst), 1);
+
+    for extra in [pads(96), big(400)] {
+        let status = raw_status(&url, head_with(&key(), &extra), b"a").await;
+        assert!(status.starts_with("HTTP/1.1 201"), "{status}");
+    }
+    assert_eq!(counter.runs.load(SeqCst), 3);
+}
+
+#[tokio::test]
+async fn a_body_at_the_limit_is_taken_and_one_byte_more_is_413_with_or_without_a_length() {
+    let (url, counter) = serve(layer(StoreRef::new(MemoryStore::new())).max_body_bytes(1024)).await;
+    let c = reqwest::Client::new();
+    let send = |n: usize, chunked: bool| {
+        let body = if chunked {
+            // A stream of its frames has no length: sent chunked, so only
+            // the bounded read can refuse it.
+            let frames = http_body_util::BodyStream::new(http_body_util::Full::new(
+                axum::body::Bytes::from(vec![b'x'; n]),
+            ));
+            reqwest::Body::wrap(http_body_util::StreamBody::new(frames))
+        } else {
+            reqwest::Body::from(vec![b'x'; n])
+        };
+        c.post(&url)
+            .header("x-tenant", "t1")
+            .header("idempotency-key", key())
+            .body(body)
+            .send()
+    };
+    for chunked in [false, true] {
+        let at = send(1024, chunked).await.unwrap();
+        assert_eq!(at.status(), StatusCode::CREATED, "chunked: {chunked}");
+        let over = send(1025, chunked).await.unwrap();
+        assert_eq!(
+            over.status(),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "chunked: {chunked}"
+        );
+        assert!(is_problem(&over));
+    }
+    assert_eq!(
+        counter.runs.load(SeqCst),
+        2,
+        "only the bodies at the limit ran"
+    );
+}
+
+#[tokio::test]
+async fn expect_100_continue_over_the_limit_is_413_before_the_body_is_asked_for() {
+    use tokio::io::AsyncWriteExt;
+    let (url, counter) = serve(layer(StoreRef::new(MemoryStore::new())).max_body_bytes(1024)).await;
+    for (length, status) in [(1024, "201"), (1025, "413")] {
+        let stream = tokio::net::TcpStream::connect(addr_of(&url)).await.unwrap();
+        let (r, mut w) = stream.into_split();
+        let mut r = tokio::io::BufReader::new(r);
+        let head = format!(
+            "POST /things HTTP/1.1\r\nhost: x\r\nx-tenant: t1\r\nidempotency-key: {}\r\n\
+             content-length: {length}\r\nexpect: 100-continue\r\n\r\n",
+            key()
+        );
+        w.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = read_head(&mut r).await.remove(0);
+        if answer.starts_with("HTTP/1.1 100") {
+            // Asked for: the body is sent, and the answer follows it.
+            w.write_all(&vec![b'x'; length]).await.unwrap();
+            answer = read_head(&mut r).await.remove(0);
+            assert_eq!(length, 1024, "the body over the limit was asked for");
+        }
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status}")),
+            "{length}: {answer}"
+        );
+    }
+    assert_eq!(
+        counter.runs.load(SeqCst),
+        1,
+        "the body over the limit never ran"
+    );
 }
 
 #[tokio::test]

@@ -39,36 +39,109 @@ pub(crate) fn never_replayed(name: &HeaderName) -> bool {
 }
 
 /// One header as a record keeps it: `None` for a header a replay never
-/// carries, and for a value that is not visible ASCII (JSON holds text),
-/// which is logged. The layer and the attribute path's `HeaderMap` results
-/// both store headers through it.
+/// carries. The layer and the attribute path's `HeaderMap` results both
+/// store headers through it.
 pub(crate) fn storable<'a>(
     name: &'a HeaderName,
     value: &'a HeaderValue,
-) -> Option<(&'a str, &'a str)> {
+) -> Option<(&'a str, WritingValue<'a>)> {
     if never_replayed(name) {
         return None;
     }
-    match value.to_str() {
-        Ok(v) => Some((name.as_str(), v)),
-        Err(_) => {
-            tracing::warn!(header = %name, "header value is not visible ASCII; not stored");
-            None
+    Some((name.as_str(), WritingValue::of(value)))
+}
+
+/// A header value as it is written: a JSON string when it is UTF-8 (every
+/// visible-ASCII value, the only form earlier versions wrote), else
+/// `{"hex":"…"}`. HTTP carries a value's `obs-text` as opaque bytes (Latin-1
+/// in a `Content-Disposition`), and JSON has no bytes.
+#[derive(Serialize)]
+#[serde(untagged)]
+pub(crate) enum WritingValue<'a> {
+    Text(&'a str),
+    Hex { hex: String },
+}
+
+impl<'a> WritingValue<'a> {
+    fn of(value: &'a HeaderValue) -> Self {
+        match std::str::from_utf8(value.as_bytes()) {
+            Ok(s) => WritingValue::Text(s),
+            Err(_) => WritingValue::Hex {
+                hex: hex::encode(value.as_bytes()),
+            },
         }
+    }
+}
+
+/// A header value as it is read back, in either of [`WritingValue`]'s
+/// forms; the string borrowed from the record where JSON did not escape it.
+pub(crate) enum ReadingValue<'a> {
+    Text(Cow<'a, str>),
+    Hex(Cow<'a, str>),
+}
+
+impl ReadingValue<'_> {
+    /// The value, or `None` for one no header can hold (bad hex, a control
+    /// character): such a header is left out of the replay.
+    pub(crate) fn to_header(&self) -> Option<HeaderValue> {
+        match self {
+            ReadingValue::Text(s) => HeaderValue::from_str(s).ok(),
+            ReadingValue::Hex(h) => HeaderValue::from_bytes(&hex::decode(&**h).ok()?).ok(),
+        }
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for ReadingValue<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = ReadingValue<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string or {\"hex\": a string}")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(ReadingValue::Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(ReadingValue::Text(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+                Ok(ReadingValue::Text(Cow::Owned(v)))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                use serde::de::Error as _;
+                let mut hex = None;
+                while let Some(field) = map.next_key::<Text<'de>>()? {
+                    if field.0 != "hex" || hex.is_some() {
+                        return Err(A::Error::custom(
+                            "a stored header value's object holds one field, `hex`",
+                        ));
+                    }
+                    hex = Some(map.next_value::<Text<'de>>()?.0);
+                }
+                hex.map(ReadingValue::Hex)
+                    .ok_or_else(|| A::Error::missing_field("hex"))
+            }
+        }
+        d.deserialize_any(Visit)
     }
 }
 
 // The stored form of a response, as `encode` writes it and `decode` reads it:
 // `{"status":201,"headers":[["content-type","…"]],"body":{"text":"…"}}`
-// (`{"hex":"…"}` for a body that is not UTF-8: JSON has no bytes). Two
-// mirrors of that one layout, each borrowing what it can; the tests hold the
-// owned form earlier versions wrote records with.
+// (`{"hex":"…"}` for a body, or in place of a header value's string, that is
+// not UTF-8: JSON has no bytes). Two mirrors of that one layout, each
+// borrowing what it can; the tests hold the owned form earlier versions
+// wrote records with.
 
 /// The record as it is written, from borrowed headers and body.
 #[derive(Serialize)]
 struct Writing<'a> {
     status: u16,
-    headers: Vec<(&'a str, &'a str)>,
+    headers: Vec<(&'a str, WritingValue<'a>)>,
     body: WritingBody<'a>,
 }
 
@@ -85,7 +158,7 @@ enum WritingBody<'a> {
 struct Reading<'a> {
     status: u16,
     #[serde(borrow)]
-    headers: Vec<(Text<'a>, Text<'a>)>,
+    headers: Vec<(Text<'a>, ReadingValue<'a>)>,
     #[serde(borrow)]
     body: ReadingBody<'a>,
 }
@@ -167,11 +240,8 @@ pub(crate) fn decode(record: &[u8]) -> Result<Response<Full<Bytes>>, serde_json:
     let mut res = Response::new(Full::new(body));
     *res.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
     let headers = res.headers_mut();
-    for (Text(name), Text(value)) in stored.headers {
-        if let (Ok(n), Ok(v)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(&value),
-        ) {
+    for (Text(name), value) in stored.headers {
+        if let (Ok(n), Some(v)) = (HeaderName::from_bytes(name.as_bytes()), value.to_header()) {
             // Records written before these headers were refused may hold them.
             if !never_replayed(&n) {
                 headers.append(n, v);
@@ -267,6 +337,43 @@ mod tests {
             std::str::from_utf8(&text).unwrap(),
             r#"{"status":200,"headers":[["content-type","application/json"]],"body":{"text":"ok"}}"#
         );
+    }
+
+    /// A header value that is not visible ASCII is stored: UTF-8 as the
+    /// string earlier versions could read, other bytes as hex; either replays
+    /// byte for byte. A visible-ASCII value keeps the string form.
+    #[test]
+    fn header_values_that_are_not_ascii_are_stored_and_replayed_byte_for_byte() {
+        let utf8 = HeaderValue::from_bytes("/files/caf\u{e9}".as_bytes()).unwrap();
+        let latin1 = HeaderValue::from_bytes(b"attachment; filename=\"caf\xe9.txt\"").unwrap();
+        let mut headers = http::HeaderMap::new();
+        headers.insert(header::LOCATION, utf8.clone());
+        headers.insert(header::CONTENT_DISPOSITION, latin1.clone());
+        headers.insert(header::ETAG, HeaderValue::from_static("\"v1\""));
+        let keep = [header::LOCATION, header::CONTENT_DISPOSITION, header::ETAG];
+        let encoded = encode(StatusCode::OK, &headers, &keep, &Bytes::new());
+        let json: serde_json::Value = serde_json::from_slice(&encoded).unwrap();
+        assert_eq!(
+            json["headers"],
+            serde_json::json!([
+                ["location", "/files/caf\u{e9}"],
+                ["content-disposition", {"hex": hex::encode(latin1.as_bytes())}],
+                ["etag", "\"v1\""],
+            ])
+        );
+        let res = decode(&encoded).unwrap();
+        assert_eq!(res.headers()[header::LOCATION].as_bytes(), utf8.as_bytes());
+        assert_eq!(
+            res.headers()[header::CONTENT_DISPOSITION].as_bytes(),
+            latin1.as_bytes()
+        );
+        assert_eq!(res.headers()[header::ETAG], "\"v1\"");
+        // What is not a stored value is an error, not a header made up.
+        for bad in [r#"{"hex":"6f","text":"o"}"#, r#"{"text":"o"}"#, "1"] {
+            let record =
+                format!(r#"{{"status":200,"headers":[["etag",{bad}]],"body":{{"text":""}}}}"#);
+            assert!(decode(record.as_bytes()).is_err(), "{bad}");
+        }
     }
 
     /// A record written before `Set-Cookie` was refused replays without it;
