@@ -748,3 +748,75 @@ async fn delete_queues(conn: &lapin::Connection, queue: &str) {
         let _ = channel.queue_delete(&q, Default::default()).await;
     }
 }
+
+// ---- Limits of NATS JetStream (issue 30): subject syntax against the real
+// ---- server, a row of the table in idem-runtime/src/consumer/jetstream.rs.
+
+/// Topics the server refuses to publish on (whitespace, an empty token, a
+/// wildcard; `put` refuses only control characters) fail alone, each with
+/// its reason, and are never sent: a space would split the protocol line and
+/// cost the connection, so the batch after them publishes on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jetstream_subjects_the_server_refuses_fail_alone() {
+    let Some(db) = postgres().await else { return };
+    let url = services::nats_url();
+    let Some(client) = services::reachable("NATS", &url, async_nats::connect(url.as_str()).await)
+    else {
+        return;
+    };
+    let js = jetstream::new(client.clone());
+    let name = format!("IDEM_OUTBOX_{}", tag().to_uppercase());
+    let subject = format!("idem-outbox.{name}");
+    js.create_stream(stream::Config {
+        name: name.clone(),
+        subjects: vec![format!("{subject}.>")],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let topics = [
+        format!("{subject}.x"),
+        format!("{subject} x"),
+        format!("{subject}..x"),
+        format!("{subject}.*"),
+    ];
+    for (i, topic) in topics.iter().enumerate() {
+        write(&db.pool, topic, &[format!("{name}-{i}")]).await;
+    }
+    let relay = Relay::builder(db.pool.clone(), JetStreamSink::new(js.clone()))
+        .batch(10)
+        .build();
+    let round = relay.run_once().await.unwrap();
+    assert_eq!((round.published, round.failed), (1, 3), "{round:?}");
+    let pending = outbox::list(&db.pool, outbox::MessageState::Pending, 10)
+        .await
+        .unwrap();
+    let mut reasons: Vec<_> = pending
+        .iter()
+        .map(|m| (m.topic.as_str(), m.last_error.clone().unwrap_or_default()))
+        .collect();
+    reasons.sort();
+    assert_eq!(reasons.len(), 3, "{reasons:?}");
+    for ((topic, reason), problem) in reasons.iter().zip([
+        "it holds whitespace",
+        "it holds a wildcard",
+        "it has an empty token",
+    ]) {
+        assert!(
+            reason.contains("is not a subject to publish on") && reason.contains(problem),
+            "{topic}: {reason}"
+        );
+    }
+
+    assert_eq!(
+        client.connection_state(),
+        async_nats::connection::State::Connected
+    );
+    write(&db.pool, &topics[0], &[format!("{name}-after")]).await;
+    let round = relay.run_once().await.unwrap();
+    assert_eq!(round.published, 1, "{round:?}");
+    let mut stream = js.get_stream(&name).await.unwrap();
+    assert_eq!(stream.info().await.unwrap().state.messages, 2);
+    let _ = js.delete_stream(&name).await;
+    db.drop().await;
+}

@@ -11,7 +11,11 @@
 //! - A parked message is published to the parking subject with headers
 //!   `Idem-Reason`, `Idem-Deliveries` and `Idem-Stream`, and then `+TERM`ed.
 //!   Capture that subject in a stream of its own so an operator can read it
-//!   ([`parked`] does).
+//!   ([`parked`] does). The copy keeps the message's own headers but those
+//!   the server acts on (`Nats-…`, `Nats-Msg-Id` kept); the reason is on one
+//!   line (`\`, CR, LF and other control characters as Rust escapes, which
+//!   [`parked`] reverses) and cut, ending with `…`, where the whole would put
+//!   the copy over the server's `max_payload`.
 //! - A consumer that dies leaves its messages unacked: the server redelivers
 //!   them after `ack_wait`, counting the delivery, pulled messages it had not
 //!   started yet included. Keep `ack_wait` above the longest handler run.
@@ -56,18 +60,19 @@
 //! | limit or odd answer | what NATS does | what idem does | test |
 //! |---|---|---|---|
 //! | `max_payload` (1 MiB by default) counts the header block and the payload | `-ERR 'Maximum Payload Violation'` and the connection closes; async-nats checks the size only on a plain `publish`, not on a JetStream publish with headers | the sink counts the header block (`NATS/1.0`, a line per header, `Nats-Msg-Id`) with the payload and fails an over-limit message alone | `tests/outbox/sinks.rs::jetstream_a_payload_over_max_payload_fails_alone` (at the limit and one byte over) |
-//! | a parked copy: the message's headers and payload plus `Idem-Reason`, `Idem-Deliveries`, `Idem-Stream` | the same `max_payload` rule | not checked: a message within a few hundred bytes of the limit cannot be parked; the connection closes, the message comes back after `ack_wait`, and `max_deliver` is unlimited | none yet |
-//! | header values end at CR or LF | async-nats writes a value as given (`HeaderMap::insert` does not check); a reader fails on a line without `:` (`malformed header line`) | `outbox::put` refuses CR, LF and NUL in values; a parked copy's `Idem-Reason` is the handler's error text unchecked (a multi-line `Debug`, a panic message) | put: `tests/outbox/scenarios.rs::outside_a_call_a_message_needs_an_id_and_a_repeated_id_is_one_row`; park: none yet |
-//! | server-interpreted headers (`Nats-Expected-Stream`, `Nats-Expected-Last-Sequence`, `Nats-Expected-Last-Subject-Sequence`, `Nats-Rollup`…) are stored and delivered with the message | applied to any publish carrying them | a parked copy carries the message's headers: one published with an expectation is checked again against the parking stream, and its park can fail every time | none yet |
-//! | subject syntax: no whitespace, no empty token, `*` and `>` only in subscriptions | refuses the publish (whitespace breaks the protocol line) | the sink fails such a topic alone, before sending | unit only: `idem-runtime/src/outbox/sink/jetstream.rs::tests::subjects_the_server_refuses_are_named`; against a server: none yet |
+//! | a parked copy: the message's headers and payload plus `Idem-Reason`, `Idem-Deliveries`, `Idem-Stream` | the same `max_payload` rule | the reason is cut to fit, ending with `…`; when even a copy with no reason would be over (a message a few dozen bytes from the limit), `park` fails naming `max_payload` and sends nothing: the connection stays, the message stays unacked and comes back after `ack_wait` (and `run` returns that error, as for any failed park) | `tests/consumer_jetstream.rs::a_parked_copy_is_cut_to_max_payload` (a copy at the limit, one byte over, an original at the limit) |
+//! | header values end at CR or LF | async-nats writes a value as given (`HeaderMap::insert` does not check); a reader fails on a line without `:` (`malformed header line`) | `outbox::put` refuses CR, LF and NUL in values; the consumer writes its values (`Idem-Reason`, a multi-line `Debug` or panic message included, and `Idem-Stream`) on one line, `\`, CR, LF, tab and other control characters as Rust escapes, and [`parked`] reads them back as they were | put: `tests/outbox/scenarios.rs::outside_a_call_a_message_needs_an_id_and_a_repeated_id_is_one_row`; park: `tests/consumer_jetstream.rs::a_multi_line_reason_is_read_back_as_written` |
+//! | server-interpreted headers (`Nats-Expected-Stream`, `Nats-Expected-Last-Sequence`, `Nats-Expected-Last-Subject-Sequence`, `Nats-Rollup`…) are stored and delivered with the message; `Nats-` is the server's namespace, and releases add to it (`Nats-TTL` 2.11; `Nats-Incr`, `Nats-Batch-*`, `Nats-Schedule` 2.12) | applied to any publish carrying them (`expected stream does not match`, `rollup not permitted`) | a parked copy drops every `Nats-*` header but `Nats-Msg-Id`, which `parked` reads back and which stores a park sent twice (its ack lost) once; so a second park of one id inside the parking stream's duplicate window (2 min) is acked as a duplicate, and the first copy stands | `tests/consumer_jetstream.rs::a_parked_copy_drops_the_headers_the_server_acts_on` (plain, `Nats-Expected-Stream`, `Nats-Rollup`) |
+//! | subject syntax: no whitespace, no empty token, `*` and `>` only in subscriptions | refuses the publish (whitespace breaks the protocol line) | the sink fails such a topic alone, with the reason, before sending: the connection and the rest of the batch go on (sent, a space would split the protocol line and cost the connection, and the whole batch) | `idem-runtime/src/outbox/sink/jetstream.rs::tests::subjects_the_server_refuses_are_named`; `tests/outbox/sinks.rs::jetstream_subjects_the_server_refuses_fail_alone` |
 //! | duplicate window (2 min unless the stream says otherwise) | a publish whose `Nats-Msg-Id` it saw inside the window is acked as a duplicate and not stored | a duplicate ack counts as confirmed; past the window the copy is stored and the consumer's record deduplicates | `tests/outbox/sinks.rs::jetstream_drops_a_republish_by_nats_msg_id` |
 //! | publishes awaiting their ack: async-nats' `max_ack_inflight` (5 000) | a publish past it waits for a permit that only an awaited ack frees | the sink keeps at most `max_in_flight` (1 000) unawaited | `tests/outbox/sinks.rs::jetstream_a_batch_over_the_clients_in_flight_cap_is_published` |
 //! | unacked past `ack_wait` | redelivers, counting the delivery (`-NAK` with a delay counts too); `+WPI` restarts the wait | `InProgress` is `+WPI` in slices, not a redelivery; `max_deliver` unlimited, parked at `max_deliveries` | `tests/consumer_jetstream.rs::dead_consumer_is_taken_over`, `tests/consumer_jetstream.rs::in_progress_is_not_a_failure`, `tests/consumer_jetstream.rs::poison_is_parked` |
-//! | unacked per consumer: `max_ack_pending` (1 000 by default) | stops delivering to the durable at that many | not set (the server default applies): a runner concurrency above it never fills | none yet |
+//! | unacked per consumer: `max_ack_pending` (1 000 by default) | stops delivering to the durable, all its pullers together, at that many | not set: a durable `connect` creates gets the server's default, an existing one keeps its own; a runner's concurrency above it never fills. `connect` logs a warning when it is below the batch; set it on the durable at or above concurrency × processes | `tests/consumer_jetstream.rs::the_durables_max_ack_pending_caps_concurrency` (4 under `concurrency(8)`: 4 at once; 8: 8) |
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{AckPolicy, pull};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::stream::RawMessageErrorKind;
@@ -160,7 +165,7 @@ pub async fn parked(
             Err(e) => return Err(broker(e)),
         };
         next = m.sequence + 1;
-        let header = |name: &str| m.headers.get(name).map(|v| v.as_str().to_owned());
+        let header = |name: &str| m.headers.get(name).map(|v| unescaped(v.as_str()));
         out.push(Parked {
             reason: header(REASON).unwrap_or_default(),
             // By the constant: a name given as text never matches a standard
@@ -205,14 +210,18 @@ impl JetStreamBuilder {
     /// process, and their ack wait runs meanwhile. About the runner's
     /// [`concurrency`](super::Runner::concurrency) when that is higher: the
     /// pull goes on as messages are handed out, so more than `batch` can be
-    /// in flight, but each pull then fills fewer slots.
+    /// in flight, but each pull then fills fewer slots. Either way the
+    /// durable's `max_ack_pending` caps the messages in flight, across all
+    /// its pullers.
     pub fn batch(mut self, n: usize) -> Self {
         self.batch = n.max(1);
         self
     }
 
     /// Creates the durable pull consumer if it does not exist, and starts
-    /// pulling.
+    /// pulling. An existing durable keeps its settings; a new one gets the
+    /// server's `max_ack_pending` (1 000 by default). Below the batch, that is
+    /// logged as a warning: no more messages than it are in flight at once.
     pub async fn connect(self, js: &Context) -> Result<JetStreamSource, BrokerError> {
         let stream = js.get_stream(&self.stream).await.map_err(broker)?;
         let consumer: async_nats::jetstream::consumer::Consumer<pull::Config> = stream
@@ -228,6 +237,20 @@ impl JetStreamBuilder {
             )
             .await
             .map_err(broker)?;
+        // An existing durable keeps its own settings, and the server hands
+        // none of its consumers more than `max_ack_pending` unacked messages
+        // in all: nothing else would tell why a runner's slots stay empty.
+        let max_ack_pending = consumer.cached_info().config.max_ack_pending;
+        if usize::try_from(max_ack_pending).is_ok_and(|cap| cap < self.batch) {
+            tracing::warn!(
+                stream = %self.stream,
+                durable = %self.durable,
+                max_ack_pending,
+                batch = self.batch,
+                "the durable's max_ack_pending is below the batch: at most that many \
+                 messages are in flight at once, whatever the runner's concurrency"
+            );
+        }
         let messages = consumer
             .stream()
             .max_messages_per_batch(self.batch)
@@ -360,10 +383,14 @@ impl Delivery for JetStreamDelivery {
     }
 
     async fn park(self, reason: &str) -> Result<(), BrokerError> {
-        let mut headers = self.message.headers.clone().unwrap_or_default();
-        headers.insert(REASON, reason);
-        headers.insert(DELIVERIES, self.attempt.to_string().as_str());
-        headers.insert(STREAM, self.shared.stream.as_str());
+        let headers = parked_headers(
+            self.message.headers.as_ref(),
+            reason,
+            self.attempt,
+            &self.shared.stream,
+            self.message.payload.len(),
+            self.js.client().server_info().max_payload,
+        )?;
         self.js
             .publish_with_headers(
                 self.shared.parking.clone(),
@@ -375,5 +402,211 @@ impl Delivery for JetStreamDelivery {
             .await
             .map_err(broker)?;
         self.send(AckKind::Term).await
+    }
+}
+
+/// The headers of a message's parked copy: its own, less those the server
+/// acts on, plus why, how often and from where it was parked, with the
+/// reason cut so that the copy fits in `max_payload` (0: not known yet).
+fn parked_headers(
+    original: Option<&HeaderMap>,
+    reason: &str,
+    deliveries: u32,
+    stream: &str,
+    payload: usize,
+    max_payload: usize,
+) -> Result<HeaderMap, BrokerError> {
+    let mut headers = HeaderMap::new();
+    for (name, values) in original.into_iter().flat_map(HeaderMap::iter) {
+        // The server acts on headers named `Nats-…` (`Nats-Expected-Stream`,
+        // `Nats-Rollup`, `Nats-TTL`, and more in each release), and the
+        // parking stream is not the stream they were meant for: refused
+        // there, the park would fail at every delivery. All go but the id,
+        // which only deduplicates a park sent twice.
+        let name_text: &str = name.as_ref();
+        if name_text
+            .get(..5)
+            .is_some_and(|prefix| prefix.eq_ignore_ascii_case("nats-"))
+            && name_text != "Nats-Msg-Id"
+        {
+            continue;
+        }
+        for value in values {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    headers.insert(DELIVERIES, deliveries.to_string());
+    headers.insert(STREAM, escaped(stream, usize::MAX));
+    headers.insert(REASON, "");
+    // What the server counts against `max_payload`: the header block
+    // (`NATS/1.0\r\n`, a `name: value\r\n` line per value, a blank line) and
+    // the payload.
+    let without_reason = "NATS/1.0\r\n".len()
+        + headers
+            .iter()
+            .flat_map(|(name, values)| {
+                let name: &str = name.as_ref();
+                values
+                    .iter()
+                    .map(move |v| name.len() + 2 + v.as_str().len() + 2)
+            })
+            .sum::<usize>()
+        + 2
+        + payload;
+    let room = if max_payload == 0 {
+        usize::MAX
+    } else if without_reason > max_payload {
+        return Err(BrokerError::new(
+            "nats",
+            format!(
+                "the parked copy would be {without_reason} bytes with its headers and no \
+                 reason, over the server's max_payload of {max_payload}: not parked, and \
+                 left unacked"
+            ),
+        ));
+    } else {
+        max_payload - without_reason
+    };
+    headers.insert(REASON, escaped(reason, room));
+    Ok(headers)
+}
+
+/// What ends a cut reason.
+const CUT: &str = "\u{2026}";
+
+/// `text` fit for a header value, which ends at CR or LF, in at most `room`
+/// bytes: `\`, CR, LF, tab and other control characters written as Rust
+/// escapes (`\\`, `\r`, `\n`, `\t`, `\u{7f}`), which [`unescaped`] reverses.
+/// Over `room` it is cut between two characters and ends with `…`.
+fn escaped(text: &str, room: usize) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        escape_into(&mut out, c);
+    }
+    if out.len() <= room {
+        return out;
+    }
+    out.clear();
+    let Some(room) = room.checked_sub(CUT.len()) else {
+        return out;
+    };
+    let mut one = String::new();
+    for c in text.chars() {
+        one.clear();
+        escape_into(&mut one, c);
+        if out.len() + one.len() > room {
+            break;
+        }
+        out.push_str(&one);
+    }
+    out.push_str(CUT);
+    out
+}
+
+fn escape_into(out: &mut String, c: char) {
+    match c {
+        '\\' => out.push_str("\\\\"),
+        '\r' => out.push_str("\\r"),
+        '\n' => out.push_str("\\n"),
+        '\t' => out.push_str("\\t"),
+        c if c.is_control() => {
+            use std::fmt::Write;
+            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+        }
+        c => out.push(c),
+    }
+}
+
+/// A header value written by [`escaped`], as it was; an escape it does not
+/// write is kept as it is.
+fn unescaped(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(at) = rest.find('\\') {
+        out.push_str(&rest[..at]);
+        rest = &rest[at..];
+        let (c, len) = match rest.as_bytes().get(1) {
+            Some(b'\\') => (Some('\\'), 2),
+            Some(b'r') => (Some('\r'), 2),
+            Some(b'n') => (Some('\n'), 2),
+            Some(b't') => (Some('\t'), 2),
+            Some(b'u') => match rest[2..].strip_prefix('{').and_then(|r| r.split_once('}')) {
+                Some((hex, _)) => (
+                    u32::from_str_radix(hex, 16).ok().and_then(char::from_u32),
+                    hex.len() + 4,
+                ),
+                None => (None, 1),
+            },
+            _ => (None, 1),
+        };
+        match c {
+            Some(c) => out.push(c),
+            None => out.push_str(&rest[..len]),
+        }
+        rest = &rest[len..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const AWKWARD: &str = "a\nCaused by:\r\n\tb \\n \\u{41} \\ \u{7}\u{7f}\u{85} \u{e9}t\u{e9}";
+
+    #[test]
+    fn a_header_value_is_one_line_and_reads_back_as_written() {
+        let value = escaped(AWKWARD, usize::MAX);
+        assert!(!value.chars().any(char::is_control), "{value}");
+        assert_eq!(unescaped(&value), AWKWARD);
+        assert_eq!(unescaped("a \\q \\u{zz} \\"), "a \\q \\u{zz} \\");
+    }
+
+    #[test]
+    fn a_cut_value_fits_and_ends_between_two_escapes() {
+        let full = escaped(AWKWARD, usize::MAX);
+        assert_eq!(escaped(AWKWARD, full.len()), full);
+        for room in 0..full.len() {
+            let cut = escaped(AWKWARD, room);
+            assert!(cut.len() <= room, "{room}: {cut}");
+            if room >= CUT.len() {
+                let kept = cut.strip_suffix(CUT).expect("marked as cut");
+                assert!(AWKWARD.starts_with(&unescaped(kept)), "{room}: {cut}");
+                // No more left out than the next escape, the longest 6 bytes.
+                assert!(
+                    kept.len() + CUT.len() + "\\u{7f}".len() > room,
+                    "{room}: {cut}"
+                );
+            } else {
+                assert_eq!(cut, "");
+            }
+        }
+    }
+
+    #[test]
+    fn a_parked_copy_keeps_the_id_and_drops_what_the_server_acts_on() {
+        let mut original = HeaderMap::new();
+        original.insert(async_nats::header::NATS_MESSAGE_ID, "m-1");
+        original.insert("Nats-Expected-Stream", "ORDERS");
+        original.insert("nats-rollup", "sub");
+        original.insert("Nats-TTL", "1s");
+        original.append("Tenant", "a");
+        original.append("Tenant", "b");
+        let copy = parked_headers(Some(&original), "why", 3, "ORDERS", 10, 0).unwrap();
+        let mut names: Vec<&str> = copy.iter().map(|(n, _)| n.as_ref()).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "Idem-Deliveries",
+                "Idem-Reason",
+                "Idem-Stream",
+                "Nats-Msg-Id",
+                "Tenant"
+            ]
+        );
+        assert_eq!(copy.get_all("Tenant").count(), 2);
+        assert_eq!(copy.get(REASON).map(|v| v.as_str()), Some("why"));
     }
 }
