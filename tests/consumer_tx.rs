@@ -49,6 +49,14 @@ async fn settle(tx: &mut Transaction<'_, Sqlite>, e: OrderPaid) -> Result<(), Se
         .bind(e.amount_cents)
         .execute(&mut **tx)
         .await?;
+    if e.fail.as_deref() == Some("sqlite-rollback") {
+        // A statement whose conflict clause is ROLLBACK: SQLite ends the
+        // whole transaction itself, and the handler swallows the error.
+        let failed = sqlx::query("INSERT INTO guard (k) VALUES ('taken')")
+            .execute(&mut **tx)
+            .await;
+        assert!(failed.is_err());
+    }
     match e.fail.as_deref() {
         Some("err") => Err(SettleError::Refused),
         Some("panic") => panic!("the handler blew up after its write"),
@@ -162,6 +170,48 @@ async fn ok_commits_the_write_and_the_record_then_acks_and_a_duplicate_replays()
     assert_eq!(rows(&store, "o-ok").await, 1);
     let stats = runner.stats();
     assert_eq!((stats.processed, stats.deduplicated), (1, 1));
+}
+
+/// A transaction SQLite ended by itself under the handler (a conflict
+/// clause of ROLLBACK; SQLite does the same on some I/O, full-disk and busy
+/// errors), the handler swallowing the error: not acked, nothing of it
+/// lasted, and the redelivery settles the order once.
+#[tokio::test]
+async fn a_transaction_sqlite_rolled_back_itself_is_not_acked() {
+    let store = sqlite().await;
+    sqlx::query("CREATE TABLE guard (k TEXT UNIQUE ON CONFLICT ROLLBACK)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO guard (k) VALUES ('taken')")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let runner = runner();
+    let action = runner
+        .process_in_tx(
+            Memory::new(&payload("o-self", Some("sqlite-rollback"))),
+            store.pool(),
+            &handler,
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(action, Action::Retried { attempt: 1, .. }),
+        "{action:?}"
+    );
+    assert_eq!(rows(&store, "o-self").await, 0);
+    assert!(store.inspect(&key("o-self")).await.unwrap().is_none());
+    let action = runner
+        .process_in_tx(
+            Memory::new(&payload("o-self", None)).attempt(2),
+            store.pool(),
+            &handler,
+        )
+        .await
+        .unwrap();
+    assert_eq!(action, Action::Acked(Acked::Processed));
+    assert_eq!(rows(&store, "o-self").await, 1);
 }
 
 #[tokio::test]
@@ -337,6 +387,14 @@ mod postgres {
                 .execute(&mut **tx)
                 .await?;
         }
+        if let Some(ms) = e.fail.as_deref().and_then(|f| f.strip_prefix("idle-")) {
+            // The server ends a session idle in its transaction for longer
+            // than this: the handler's wait below is that idleness.
+            sqlx::query("SET LOCAL idle_in_transaction_session_timeout = '200ms'")
+                .execute(&mut **tx)
+                .await?;
+            tokio::time::sleep(Duration::from_millis(ms.parse().unwrap())).await;
+        }
         if e.fail.as_deref() == Some("swallow") {
             // A failed statement whose error the handler ignores: PostgreSQL
             // has aborted the transaction, and its COMMIT answers ROLLBACK
@@ -411,6 +469,105 @@ mod postgres {
                 .await
                 .unwrap();
         assert_eq!(n, 1, "the redelivery wrote the settlement, once");
+    }
+
+    async fn settlements(store: &PgStore, id: &str) -> i64 {
+        sqlx::query_scalar("SELECT COUNT(*) FROM consumer_tx_settlements WHERE order_id = $1")
+            .bind(id)
+            .fetch_one(store.pool())
+            .await
+            .unwrap()
+    }
+
+    /// The server ends the session under the handler
+    /// (`idle_in_transaction_session_timeout`, 200 ms): one idle for 50 ms
+    /// commits and is acked; one idle for 600 ms is not acked, has written
+    /// nothing, and its redelivery writes the settlement once.
+    #[tokio::test]
+    async fn a_session_the_server_ends_mid_transaction_is_not_acked() {
+        let Some(store) = pg().await else { return };
+        let runner = runner();
+        let under = order_id("idle-under");
+        let action = runner
+            .process_in_tx(
+                Memory::new(&payload(&under, Some("idle-50"))),
+                store.pool(),
+                &handler,
+            )
+            .await
+            .unwrap();
+        assert_eq!(action, Action::Acked(Acked::Processed));
+        assert_eq!(settlements(&store, &under).await, 1);
+
+        let over = order_id("idle-over");
+        let action = runner
+            .process_in_tx(
+                Memory::new(&payload(&over, Some("idle-600"))),
+                store.pool(),
+                &handler,
+            )
+            .await
+            .unwrap();
+        assert!(
+            matches!(action, Action::Retried { attempt: 1, .. }),
+            "{action:?}"
+        );
+        assert_eq!(settlements(&store, &over).await, 0);
+        let action = runner
+            .process_in_tx(
+                Memory::new(&payload(&over, None)).attempt(2),
+                store.pool(),
+                &handler,
+            )
+            .await
+            .unwrap();
+        assert_eq!(action, Action::Acked(Acked::Processed));
+        assert_eq!(settlements(&store, &over).await, 1);
+    }
+
+    /// The COMMIT reaches the server and commits, and its answer is lost
+    /// with the connection: the runner cannot tell, so it does not ack; the
+    /// redelivery finds the record the commit wrote and replays it. The
+    /// settlement is written once.
+    #[tokio::test]
+    async fn a_commit_whose_answer_is_lost_is_not_acked_and_its_redelivery_replays() {
+        let Some(store) = pg().await else { return };
+        let url = services::postgres_url();
+        let options =
+            <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(&url).unwrap();
+        let proxy = idem_tests::proxy::Proxy::start(format!(
+            "{}:{}",
+            options.get_host(),
+            options.get_port()
+        ))
+        .await;
+        let through_proxy = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(options.host("127.0.0.1").port(proxy.port()))
+            .await
+            .unwrap();
+        let runner = runner();
+        let id = order_id("commit-lost");
+        proxy.cut_after_request_with(b"COMMIT");
+        let action = runner
+            .process_in_tx(Memory::new(&payload(&id, None)), &through_proxy, &handler)
+            .await
+            .unwrap();
+        assert!(
+            matches!(action, Action::Retried { attempt: 1, .. }),
+            "{action:?}"
+        );
+        assert_eq!(settlements(&store, &id).await, 1, "the COMMIT committed");
+        let action = runner
+            .process_in_tx(
+                Memory::new(&payload(&id, None)).attempt(2),
+                store.pool(),
+                &handler,
+            )
+            .await
+            .unwrap();
+        assert_eq!(action, Action::Acked(Acked::Deduplicated));
+        assert_eq!(settlements(&store, &id).await, 1);
     }
 
     #[tokio::test]

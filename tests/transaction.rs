@@ -554,6 +554,66 @@ async fn sqlite_a_claim_that_waited_for_the_write_lock_starts_its_lease_when_it_
     let _ = std::fs::remove_file(&path);
 }
 
+/// SQLite's one writer: a claim waits for another writer up to the store's
+/// `busy_timeout` (200 ms here). Held for 50 ms, the claim waits and wins;
+/// held for 800 ms, the claim fails closed with SQLite's reason (the call's
+/// body would not run), and once the writer is gone the key claims.
+#[tokio::test]
+async fn sqlite_a_writer_held_past_busy_timeout_fails_the_claim_closed() {
+    use idem_runtime::store::{Claim, ClaimRequest, Token};
+
+    let path = std::env::temp_dir().join(format!(
+        "idem-tx-busy-{}-{:x}.db",
+        std::process::id(),
+        u64::from_le_bytes(Token::random().as_bytes()[..8].try_into().unwrap())
+    ));
+    let store = SqliteStore::builder()
+        .busy_timeout(Duration::from_millis(200))
+        .open(&path)
+        .await
+        .unwrap();
+    sqlx::query("CREATE TABLE holder (x INTEGER)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let claim = |key: Key| {
+        let store = store.clone();
+        async move {
+            store
+                .claim(ClaimRequest {
+                    key: &key,
+                    token: Token::random(),
+                    fingerprint: None,
+                    lease: Duration::from_secs(30),
+                    ttl: Duration::from_secs(3600),
+                })
+                .await
+        }
+    };
+    for (held_ms, key) in [(50, key("busy-under")), (800, key("busy-over"))] {
+        let mut writer = store.pool().begin().await.unwrap();
+        sqlx::query("INSERT INTO holder (x) VALUES (1)")
+            .execute(&mut *writer)
+            .await
+            .unwrap();
+        let waiting = tokio::spawn(claim(key));
+        tokio::time::sleep(Duration::from_millis(held_ms)).await;
+        writer.rollback().await.unwrap();
+        let got = waiting.await.unwrap();
+        if held_ms < 200 {
+            assert!(matches!(got, Ok(Claim::Acquired { .. })), "{got:?}");
+        } else {
+            let err = got.expect_err("claimed past busy_timeout");
+            let text = format!("{err:?}");
+            assert!(text.contains("locked") || text.contains("busy"), "{text}");
+            let again = claim(key).await.unwrap();
+            assert!(matches!(again, Claim::Acquired { .. }), "{again:?}");
+        }
+    }
+    store.pool().close().await;
+    let _ = std::fs::remove_file(&path);
+}
+
 static STEP_RUNS: AtomicUsize = AtomicUsize::new(0);
 
 #[idem_runtime::step("reserve")]

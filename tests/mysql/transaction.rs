@@ -205,6 +205,63 @@ async fn deadlock_inside_a_transaction_reaches_the_caller() {
     );
 }
 
+/// A lock wait timeout (1205) inside the caller's transaction: InnoDB rolls
+/// back the statement only (`innodb_rollback_on_timeout` is off by default),
+/// so the transaction and what it wrote before go on. The claim's error is
+/// retryable; a claim whose holder lets go within the wait wins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_wait_timeout_inside_a_transaction_keeps_the_transaction() {
+    let Some(store) = store().await else { return };
+    for (held_ms, case) in [(300u64, "under"), (2_500, "over")] {
+        let key = fresh_key(&format!("mysql-lock-wait-{case}"));
+        let mut holder = store.pool().begin().await.unwrap();
+        let claim = holder
+            .tx_connection()
+            .claim(request(&key, Token::random()))
+            .await
+            .unwrap();
+        assert!(matches!(claim, Claim::Acquired { .. }), "{claim:?}");
+
+        let mut caller = store.pool().begin().await.unwrap();
+        sqlx::query("SET SESSION innodb_lock_wait_timeout = 1")
+            .execute(&mut *caller)
+            .await
+            .unwrap();
+        let waiting = tokio::spawn(async move {
+            let got = caller
+                .tx_connection()
+                .claim(request(&key, Token::random()))
+                .await;
+            (got, caller)
+        });
+        tokio::time::sleep(Duration::from_millis(held_ms)).await;
+        holder.rollback().await.unwrap();
+        let (got, mut caller) = waiting.await.unwrap();
+        if case == "under" {
+            assert!(matches!(got, Ok(Claim::Acquired { .. })), "{got:?}");
+        } else {
+            let err = got.expect_err("waited past innodb_lock_wait_timeout");
+            assert!(err.to_string().contains("1205"), "{err}");
+            assert!(MySqlStore::is_retryable(&err), "{err}");
+            let open: i64 = sqlx::query_scalar("SELECT CAST(@@in_transaction AS SIGNED)")
+                .fetch_one(&mut *caller)
+                .await
+                .unwrap();
+            assert_eq!(
+                open, 1,
+                "the statement, not the transaction, was rolled back"
+            );
+            let again = caller
+                .tx_connection()
+                .claim(request(&key, Token::random()))
+                .await
+                .unwrap();
+            assert!(matches!(again, Claim::Acquired { .. }), "{again:?}");
+        }
+        caller.rollback().await.unwrap();
+    }
+}
+
 /// The one place a duplicate inside a transaction can still be a deadlock
 /// victim, as `TxConnection for MySqlConnection` documents: two duplicates
 /// wait on a first transaction's claim of a new key, and it rolls back. Their

@@ -22,6 +22,8 @@ pub struct Proxy {
     gate: watch::Sender<Option<&'static [u8]>>,
     /// How many requests the gate holds right now.
     held: watch::Sender<usize>,
+    /// The bytes after whose request a connection is cut, if any.
+    cut_after: watch::Sender<Option<&'static [u8]>>,
 }
 
 impl Proxy {
@@ -33,6 +35,7 @@ impl Proxy {
         let (hold, hold_rx) = watch::channel(false);
         let (down, down_rx) = watch::channel(false);
         let (gate, gate_rx) = watch::channel(None);
+        let (cut_after, cut_after_rx) = watch::channel(None);
         let (held, _) = watch::channel(0usize);
         let held_tx = held.clone();
         tokio::spawn(async move {
@@ -52,6 +55,7 @@ impl Proxy {
                 let hold = hold_rx.clone();
                 let gate = Gate {
                     pattern: gate_rx.clone(),
+                    cut_after: cut_after_rx.clone(),
                     held: held_tx.clone(),
                 };
                 tokio::spawn(async move {
@@ -73,6 +77,7 @@ impl Proxy {
             down,
             gate,
             held,
+            cut_after,
         }
     }
 
@@ -113,6 +118,13 @@ impl Proxy {
         held.wait_for(|n| *n > 0).await.unwrap();
     }
 
+    /// From now on, a request that contains `bytes` reaches the server, and
+    /// then its connection is closed: the server acts on it, its answer is
+    /// lost (a COMMIT whose reply never comes back).
+    pub fn cut_after_request_with(&self, bytes: &'static [u8]) {
+        self.cut_after.send_replace(Some(bytes));
+    }
+
     /// Forwards what the gate held, and holds nothing more.
     pub fn release_requests(&self) {
         self.gate.send_replace(None);
@@ -121,14 +133,23 @@ impl Proxy {
 
 struct Gate {
     pattern: watch::Receiver<Option<&'static [u8]>>,
+    cut_after: watch::Receiver<Option<&'static [u8]>>,
     held: watch::Sender<usize>,
 }
 
+fn contains(chunk: &[u8], p: Option<&'static [u8]>) -> bool {
+    p.is_some_and(|p| chunk.windows(p.len()).any(|w| w == p))
+}
+
 impl Gate {
+    /// `chunk` was forwarded: whether to close the connection now.
+    fn cut_after(&self, chunk: &[u8]) -> bool {
+        contains(chunk, *self.cut_after.borrow())
+    }
+
     /// Returns once `chunk` may go on.
     async fn pass(&mut self, chunk: &[u8]) {
-        let matches =
-            |p: &Option<&'static [u8]>| p.is_some_and(|p| chunk.windows(p.len()).any(|w| w == p));
+        let matches = |p: &Option<&'static [u8]>| contains(chunk, *p);
         if !matches(&self.pattern.borrow()) {
             return;
         }
@@ -155,6 +176,10 @@ async fn forward(
             };
             gate.pass(&buf[..n]).await;
             if server_tx.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+            if gate.cut_after(&buf[..n]) {
+                let _ = server_tx.flush().await;
                 return;
             }
         }

@@ -20,8 +20,11 @@ pub enum TxError<E> {
     Begin(sqlx::Error),
     /// The handler returned `Err`: its transaction was rolled back.
     Handler(E),
-    /// The handler returned `Ok` but the commit failed: nothing it wrote,
-    /// idem's record included, lasted.
+    /// The handler returned `Ok` but the commit failed, or its answer was
+    /// lost with the connection. Nothing it wrote lasted, idem's record
+    /// included, unless the COMMIT reached the server before the connection
+    /// went: then all of it did, and the redelivery replays the record. The
+    /// message is not acked either way.
     Commit(sqlx::Error),
     /// The handler returned `Ok` but the database had already ended the
     /// transaction (a statement failed and the handler went on): its commit

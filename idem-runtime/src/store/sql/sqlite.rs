@@ -10,10 +10,10 @@
 //!
 //! | limit or odd answer | what SQLite does | what idem does | test |
 //! |---|---|---|---|
-//! | one writer at a time | a writer waits up to `busy_timeout` (the store's default: 5 s), then `SQLITE_BUSY`; a read transaction that then writes fails at once with `SQLITE_BUSY_SNAPSHOT` (WAL) | no read before the claim's write (`READ_FIRST` off): a duplicate waits for the writer, then replays or claims | `tests/transaction.rs::sqlite_concurrent_duplicate_waits_for_the_writer_and_replays`, `tests/transaction.rs::sqlite_a_claim_that_waited_for_the_write_lock_starts_its_lease_when_it_wins`; past `busy_timeout`: none yet |
-//! | a transaction SQLite ends by itself: `ON CONFLICT ROLLBACK`, `RAISE(ROLLBACK)`, and possibly `SQLITE_FULL`, `SQLITE_IOERR`, `SQLITE_NOMEM`, `SQLITE_BUSY`, `SQLITE_INTERRUPT` | rolls back; the statements after it run in autocommit; `COMMIT` fails (no transaction is active). Only `sqlite3_get_autocommit` tells | `commit_refused` answers `None`; the failed `COMMIT` is `TxError::Commit`: not acked (safe), but what the handler wrote after the rollback stays, as on MariaDB | none yet |
-//! | at most 32 766 bound variables per statement | `too many SQL variables` | `outbox::put_all` binds 5 per message: over 6 553 messages in one call fails; the relay's batch (at most 10 000, and the token) stays under | none yet |
-//! | a string or blob over `SQLITE_MAX_LENGTH` (1 000 000 000 bytes) | `SQLITE_TOOBIG` | results stay under `max_result_bytes` (1 MiB unless set; not capped) | at the 1 MiB cap: `tests/conformance.rs::sqlite_file_store::outcomes_and_payloads_round_trip`; at 1 GB: none yet |
+//! | one writer at a time | a writer waits up to `busy_timeout` (the store's default: 5 s), then `SQLITE_BUSY`; a read transaction that then writes fails at once with `SQLITE_BUSY_SNAPSHOT` (WAL) | no read before the claim's write (`READ_FIRST` off): a duplicate waits for the writer, then replays or claims | `tests/transaction.rs::sqlite_concurrent_duplicate_waits_for_the_writer_and_replays`, `tests/transaction.rs::sqlite_a_claim_that_waited_for_the_write_lock_starts_its_lease_when_it_wins`, `tests/transaction.rs::sqlite_a_writer_held_past_busy_timeout_fails_the_claim_closed` |
+//! | a transaction SQLite ends by itself: `ON CONFLICT ROLLBACK`, `RAISE(ROLLBACK)`, and possibly `SQLITE_FULL`, `SQLITE_IOERR`, `SQLITE_NOMEM`, `SQLITE_BUSY`, `SQLITE_INTERRUPT` | rolls back; the statements after it run in autocommit; `COMMIT` fails (no transaction is active). Only `sqlite3_get_autocommit` tells | `commit_refused` answers `None`; the failed `COMMIT` is `TxError::Commit`: not acked, and the redelivery runs again. What the handler wrote after the rollback (in autocommit) stays, as on MariaDB | `tests/consumer_tx.rs::a_transaction_sqlite_rolled_back_itself_is_not_acked` |
+//! | at most 32 766 bound variables per statement | `too many SQL variables` | `outbox::put_all` writes 1 000 messages (5 000 variables) per statement at most; the relay's marks bind at most 10 000 and the token | `tests/outbox/scenarios.rs::a_batch_past_every_statement_cap_is_written_whole` (13 108 messages) |
+//! | a string or blob over `SQLITE_MAX_LENGTH` (1 000 000 000 bytes) | `SQLITE_TOOBIG` | results stay under `max_result_bytes` (1 MiB unless set; not capped) | at the 1 MiB cap: `tests/conformance.rs::sqlite_file_store::outcomes_and_payloads_round_trip`; at 1 GB: not tested (a 1 GB value in CI) |
 
 use std::path::Path;
 use std::str::FromStr;
@@ -693,9 +693,10 @@ impl Dialect for Sqlite {
     }
 
     async fn commit_refused(_: &mut SqliteConnection) -> Result<Option<&'static str>, sqlx::Error> {
-        // SQLite ends a transaction on its own only on a full disk, an I/O
-        // error or out of memory, and its COMMIT then fails ("no transaction
-        // is active"), which sqlx reports: nothing to ask beforehand.
+        // When SQLite ends a transaction on its own (a conflict clause of
+        // ROLLBACK, RAISE(ROLLBACK), and some full-disk, I/O, busy and
+        // interrupt errors), its COMMIT then fails ("no transaction is
+        // active"), which sqlx reports: nothing to ask beforehand.
         Ok(None)
     }
 }
