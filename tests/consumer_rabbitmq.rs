@@ -3,9 +3,12 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::Ordering::SeqCst;
+use std::time::Duration;
 
-use idem_runtime::consumer::Parked;
 use idem_runtime::consumer::rabbitmq::{self, RabbitMqSource};
+use idem_runtime::consumer::{Action, Delivery, Parked, Source};
+use idem_runtime::store::memory::MemoryStore;
 use idem_tests::consumer::*;
 use idem_tests::services;
 use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
@@ -79,7 +82,7 @@ impl Broker for Rabbit {
         let conn = rabbitmq::connect(&services::rabbitmq_url()).await.unwrap();
         let channel = conn.create_channel().await.unwrap();
         let source = RabbitMqSource::builder(&self.queue, name)
-            .prefetch(concurrency as u16)
+            .prefetch(u16::try_from(concurrency).unwrap_or(u16::MAX))
             .connect(channel)
             .await
             .unwrap();
@@ -219,4 +222,250 @@ async fn undecodable_bytes_are_parked_as_published() {
 async fn failing_handler_is_parked_with_its_error() {
     let Some(b) = Rabbit::new().await else { return };
     idem_tests::consumer::failing_handler_is_parked_with_its_error(b).await;
+}
+
+// ---- Limits of RabbitMQ (issue 30): the boundary tests of the module's
+// `# Limits of RabbitMQ` table, each against the real broker. ----
+
+/// The next delivery, within a deadline far above what the broker needs.
+async fn next(source: &mut RabbitMqSource) -> <RabbitMqSource as Source>::Delivery {
+    tokio::time::timeout(Duration::from_secs(20), source.next())
+        .await
+        .expect("a delivery within 20 s")
+        .expect("the broker")
+}
+
+/// Regression: a redelivery copy was published without `mandatory`, so with
+/// `q.retry` gone the broker confirmed and dropped it and the original was
+/// acked: `process` said `Retried` and the message was lost. Now the copy
+/// comes back, `process` fails naming `q.retry`, and the original stays.
+#[tokio::test]
+async fn a_retry_copy_no_queue_takes_is_an_error_and_the_original_stays() {
+    let Some(b) = Rabbit::new().await else { return };
+    let ledger = Ledger::new(MemoryStore::new());
+    // A backoff long enough for the copy to wait in `q.retry` to be counted.
+    let runner = runner().backoff(Duration::from_secs(60), Duration::from_secs(60));
+    let handler = |e: OrderPaid| settle(ledger.clone(), e);
+    let retry = format!("{}.retry", b.queue);
+
+    // Under: `q.retry` is there and takes the copy.
+    b.publish(&order("poison-retried")).await;
+    let mut source = b.consumer_for("c1", 1).await;
+    let action = runner.process(next(&mut source).await, &handler).await;
+    assert!(matches!(action, Ok(Action::Retried { .. })), "{action:?}");
+    assert_eq!((b.ready(&b.queue).await, b.ready(&retry).await), (0, 1));
+
+    // Over: with `q.retry` deleted, no queue takes the copy.
+    b.channel
+        .queue_delete(&retry, QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    b.publish(&order("poison-kept")).await;
+    let err = runner
+        .process(next(&mut source).await, &handler)
+        .await
+        .expect_err("a copy that came back");
+    assert!(
+        err.to_string().contains(&format!("`{retry}`")) && err.to_string().contains("came back"),
+        "{err}"
+    );
+    // Unacked: the broker hands it back when the consumer goes.
+    b.kill("c1").await;
+    eventually("the original is back in the queue", || async {
+        b.ready(&b.queue).await == 1
+    })
+    .await;
+    b.cleanup().await;
+}
+
+/// Regression: the parked copy went to `q.dlx` without `mandatory`, so with
+/// `q.parked` gone (no queue bound to the exchange) it was dropped and the
+/// original acked. Now `process` fails naming both, and the original stays.
+#[tokio::test]
+async fn a_parked_copy_no_queue_takes_is_an_error_and_the_original_stays() {
+    let Some(b) = Rabbit::new().await else { return };
+    let runner = runner();
+    let handler = |_: OrderPaid| async { Ok::<(), SettleError>(()) };
+    let parked = format!("{}.parked", b.queue);
+
+    // Under: `q.parked` is bound and takes the copy.
+    b.publish_raw(b"not json", Some("m-parked")).await;
+    let mut source = b.consumer_for("c1", 1).await;
+    let action = runner.process(next(&mut source).await, &handler).await;
+    assert!(matches!(action, Ok(Action::Parked { .. })), "{action:?}");
+    assert_eq!(b.ready(&parked).await, 1);
+
+    // Over: with `q.parked` deleted, `q.dlx` routes the copy nowhere.
+    b.channel
+        .queue_delete(&parked, QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    b.publish_raw(b"not json either", Some("m-kept")).await;
+    let err = runner
+        .process(next(&mut source).await, &handler)
+        .await
+        .expect_err("a copy that came back");
+    assert!(
+        err.to_string().contains(&format!("`{parked}`")) && err.to_string().contains("came back"),
+        "{err}"
+    );
+    b.kill("c1").await;
+    eventually("the original is back in the queue", || async {
+        b.ready(&b.queue).await == 1
+    })
+    .await;
+    b.cleanup().await;
+}
+
+/// A handler error whose `Debug` is exactly this long (the order's `amount`).
+struct Text(u64);
+
+impl std::fmt::Debug for Text {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&"x".repeat(self.0 as usize))
+    }
+}
+
+/// Regression: a parked copy carries the handler's error text in
+/// `x-idem-reason`; a text past `frame_max` made a content header frame the
+/// broker refuses with a connection error, so the park failed and the
+/// message came back. The reason is cut to fit now: whole at exactly a
+/// `frame_max`-byte header frame, cut one byte over (where RabbitMQ's own
+/// 8-byte slack would still have taken it) and far over.
+#[tokio::test]
+async fn a_parked_reason_is_cut_to_fit_frame_max() {
+    let Some(b) = Rabbit::new().await else { return };
+    let frame_max = b.conn.configuration().frame_max() as usize;
+    let runner = runner().max_deliveries(1);
+    let handler = |e: OrderPaid| async move { Err::<(), _>(Text(e.amount)) };
+    let prefix = "failed 1 counted deliveries; the last: ";
+    // The parked copy's content header frame, counted by hand: frame
+    // overhead 8, class, weight and body size 12, property flags 2,
+    // `content-type` (1 + 16), `delivery-mode` 1, the header table's length
+    // 4 and its entries, each a name (1 + len), a type octet and the value:
+    // `x-idem-deliveries` a 64-bit integer, `x-idem-queue` and
+    // `x-idem-reason` long strings (4 + len).
+    let fixed =
+        8 + 12 + 2 + 17 + 1 + 4 + (18 + 1 + 8) + (13 + 1 + 4 + b.queue.len()) + (14 + 1 + 4);
+    let room = frame_max - fixed;
+    let at = (room - prefix.len()) as u64;
+    let mut source = b.consumer_for("c1", 1).await;
+    for (name, amount) in [("at", at), ("over", at + 1), ("far-over", 140_000)] {
+        b.publish(&OrderPaid {
+            order_id: name.into(),
+            amount,
+        })
+        .await;
+        let action = runner.process(next(&mut source).await, &handler).await;
+        assert!(
+            matches!(action, Ok(Action::Parked { .. })),
+            "{name}: {action:?}"
+        );
+    }
+    let parked = b.parked().await;
+    assert_eq!(parked.len(), 3, "{parked:?}");
+    let whole = format!("{prefix}{}", "x".repeat(at as usize));
+    assert_eq!(parked[0].reason, whole, "exactly at the frame: whole");
+    for (p, amount) in parked[1..].iter().zip([at + 1, 140_000]) {
+        let len = prefix.len() + amount as usize;
+        assert!(p.reason.len() <= room, "{} > {room}", p.reason.len());
+        assert!(
+            p.reason.starts_with(&format!("{prefix}xxx"))
+                && p.reason
+                    .ends_with(&format!("(cut to fit the frame: {len} bytes in all)")),
+            "{}",
+            &p.reason[p.reason.len() - 80..]
+        );
+    }
+    b.cleanup().await;
+}
+
+/// `declare` derives `q.retry`, `q.parked` and `q.dlx`: at 248 bytes
+/// `q.parked` is AMQP's 255 and all is declared; at 249 it is an error naming
+/// the queue before anything is sent (it was a corrupt frame and a closed
+/// connection), and the connection goes on.
+#[tokio::test]
+async fn declare_refuses_a_queue_whose_derived_names_pass_255_bytes() {
+    let url = services::rabbitmq_url();
+    let Some(conn) = services::reachable("RabbitMQ", &url, rabbitmq::connect(&url).await) else {
+        return;
+    };
+    let channel = conn.create_channel().await.unwrap();
+    let mut at = format!("idem-test-long-{}-", suffix());
+    at.push_str(&"q".repeat(248 - at.len()));
+    RabbitMqSource::declare(&channel, &at).await.unwrap();
+    let parked = format!("{at}.parked");
+    assert_eq!(parked.len(), 255);
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    channel
+        .queue_declare(&parked, passive, FieldTable::default())
+        .await
+        .expect("`q.parked` declared at 255 bytes");
+    for q in ["", ".retry", ".parked"] {
+        channel
+            .queue_delete(&format!("{at}{q}"), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+    }
+    channel
+        .exchange_delete(&format!("{at}.dlx"), Default::default())
+        .await
+        .unwrap();
+
+    let over = format!("{at}q");
+    let err = RabbitMqSource::declare(&channel, &over)
+        .await
+        .expect_err("249 bytes");
+    assert!(
+        err.to_string().contains(&format!("`{over}` is 249 bytes")),
+        "{err}"
+    );
+    // Nothing was sent: the channel still works, and nothing was declared.
+    let found = channel
+        .queue_declare(&over, passive, FieldTable::default())
+        .await;
+    assert!(found.is_err(), "{found:?}");
+    let fresh = conn.create_channel().await.unwrap();
+    fresh
+        .queue_declare(&at, passive, FieldTable::default())
+        .await
+        .expect_err("deleted above");
+    let _ = conn.close(200, "done").await;
+}
+
+/// The prefetch is a `u16` where AMQP's 0 is unlimited: `prefetch(0)` hands
+/// out one message at a time, and a prefetch below the runner's concurrency
+/// caps the deliveries running (as it would a concurrency past 65 535).
+#[tokio::test]
+async fn prefetch_0_is_1_and_a_prefetch_below_concurrency_caps_it() {
+    let Some(b) = Rabbit::new().await else { return };
+    for i in 0..2 {
+        b.publish(&order(format!("one-{i}"))).await;
+    }
+    let mut source = b.consumer_for("c1", 0).await;
+    let first = next(&mut source).await;
+    let second = tokio::time::timeout(Duration::from_millis(500), source.next()).await;
+    assert!(second.is_err(), "a second delivery with one unacked");
+    first.ack().await.unwrap();
+    next(&mut source).await.ack().await.unwrap();
+    b.kill("c1").await;
+
+    // Four slots, a prefetch of 2: two bodies run at once, never more.
+    let ledger = Ledger::new(MemoryStore::new());
+    let runner = runner().concurrency(4);
+    for i in 0..4 {
+        b.publish(&order(format!("hold-{i}"))).await;
+    }
+    let task = spawn::<Rabbit>(b.consumer_for("c2", 2).await, &runner, &ledger);
+    let _two = ledger.started.acquire_many(2).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(ledger.running.load(SeqCst), 2);
+    ledger.release.add_permits(4);
+    eventually("all four ran", || async { runner.stats().acked == 4 }).await;
+    assert_eq!(ledger.most_running.load(SeqCst), 2);
+    task.abort();
+    b.cleanup().await;
 }

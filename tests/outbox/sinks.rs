@@ -818,5 +818,146 @@ async fn jetstream_subjects_the_server_refuses_fail_alone() {
     let mut stream = js.get_stream(&name).await.unwrap();
     assert_eq!(stream.info().await.unwrap().state.messages, 2);
     let _ = js.delete_stream(&name).await;
+
+// ---- Limits of RabbitMQ (issue 30): the sink's boundary tests of the
+// `# Limits of RabbitMQ` table in `consumer/rabbitmq.rs`. ----
+
+/// Messages ready in `queue`.
+async fn rabbitmq_ready(conn: &lapin::Connection, queue: &str) -> u32 {
+    let passive = lapin::options::QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    conn.create_channel()
+        .await
+        .unwrap()
+        .queue_declare(queue, passive, Default::default())
+        .await
+        .unwrap()
+        .message_count()
+}
+
+/// The pending messages' ids and reasons, by id.
+async fn pending_reasons(pool: &PgPool) -> Vec<(String, String)> {
+    let mut pending: Vec<_> = outbox::list(pool, outbox::MessageState::Pending, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| (m.id.to_string(), m.last_error.unwrap_or_default()))
+        .collect();
+    pending.sort();
+    pending
+}
+
+/// Regression: AMQP sends a message's content header (its id and headers)
+/// in one frame, unchecked by lapin; one past the broker's slack was a
+/// connection error, and every message of the batch failed with it. The
+/// sink checks it against the connection's `frame_max`: a header frame of
+/// exactly `frame_max` bytes is published; one byte over (which RabbitMQ's
+/// 8-byte slack would still take) and far over fail alone, with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rabbitmq_a_content_header_over_frame_max_fails_alone() {
+    let Some(db) = postgres().await else { return };
+    let url = services::rabbitmq_url();
+    let Some(conn) = services::reachable("RabbitMQ", &url, rabbitmq::connect(&url).await) else {
+        return;
+    };
+    let frame_max = conn.configuration().frame_max() as usize;
+    let queue = format!("idem-test-outbox-frame-{}", tag());
+    RabbitMqSource::declare(&conn.create_channel().await.unwrap(), &queue)
+        .await
+        .unwrap();
+    let small: Vec<String> = (0..3).map(|i| format!("{queue}-small-{i}")).collect();
+    write(&db.pool, &queue, &small).await;
+    let (at, over, far) = (
+        format!("{queue}-at"),
+        format!("{queue}-over"),
+        format!("{queue}-far"),
+    );
+    let mut tx = db.pool.begin().await.unwrap();
+    for (id, extra) in [(&at, 0), (&over, 1), (&far, 9)] {
+        // The header frame, counted by hand: frame overhead 8; class, weight
+        // and body size 12; property flags 2; `message-id` (1 + len); the
+        // header table's length 4 and its one entry (name 1 + 1, type 1,
+        // value 4 + len); `delivery-mode` 1.
+        let value = "v".repeat(frame_max + extra - 35 - id.len());
+        outbox::put(
+            &mut tx,
+            Message::bytes(queue.as_str(), b"{}".to_vec())
+                .id(id.as_str())
+                .header("h", value),
+        )
+        .await
+        .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let sink = RabbitMqSink::new(conn.create_channel().await.unwrap())
+        .await
+        .unwrap()
+        .frame_max(frame_max as u32);
+    let relay = Relay::builder(db.pool.clone(), sink).batch(10).build();
+    let round = relay.run_once().await.unwrap();
+    assert_eq!((round.published, round.failed), (4, 2), "{round:?}");
+    let pending = pending_reasons(&db.pool).await;
+    assert_eq!(
+        pending.iter().map(|(id, _)| id).collect::<Vec<_>>(),
+        [&far, &over]
+    );
+    for ((_, reason), bytes) in pending.iter().zip([frame_max + 9, frame_max + 1]) {
+        assert!(
+            reason.contains(&format!(
+                "a {bytes}-byte frame, over the connection's frame_max ({frame_max})"
+            )),
+            "{reason}"
+        );
+    }
+    assert_eq!(rabbitmq_ready(&conn, &queue).await, 4);
+    delete_queues(&conn, &queue).await;
+    db.drop().await;
+}
+
+/// The broker closes the channel on a payload over its `max_message_size`
+/// (128 MiB here, a global setting this shared broker keeps), failing the
+/// batch on it. The sink holds payloads to `max_message_bytes`, lowered here
+/// to 1 KiB: exactly 1 KiB is published, one byte more fails alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rabbitmq_a_payload_over_max_message_bytes_fails_alone() {
+    let Some(db) = postgres().await else { return };
+    let url = services::rabbitmq_url();
+    let Some(conn) = services::reachable("RabbitMQ", &url, rabbitmq::connect(&url).await) else {
+        return;
+    };
+    let queue = format!("idem-test-outbox-size-{}", tag());
+    RabbitMqSource::declare(&conn.create_channel().await.unwrap(), &queue)
+        .await
+        .unwrap();
+    let small: Vec<String> = (0..3).map(|i| format!("{queue}-small-{i}")).collect();
+    write(&db.pool, &queue, &small).await;
+    let (at, over) = (format!("{queue}-at"), format!("{queue}-over"));
+    let mut tx = db.pool.begin().await.unwrap();
+    for (id, len) in [(&at, 1024), (&over, 1025)] {
+        outbox::put(
+            &mut tx,
+            Message::bytes(queue.as_str(), vec![b'x'; len]).id(id.as_str()),
+        )
+        .await
+        .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let sink = RabbitMqSink::new(conn.create_channel().await.unwrap())
+        .await
+        .unwrap()
+        .max_message_bytes(1024);
+    let relay = Relay::builder(db.pool.clone(), sink).batch(10).build();
+    let round = relay.run_once().await.unwrap();
+    assert_eq!((round.published, round.failed), (4, 1), "{round:?}");
+    let (id, reason) = the_one_pending(&db.pool).await;
+    assert_eq!(id, over);
+    assert!(
+        reason.contains("the payload is 1025 bytes, over the broker's max_message_size (1024"),
+        "{reason}"
+    );
+    assert_eq!(rabbitmq_ready(&conn, &queue).await, 4);
+    delete_queues(&conn, &queue).await;
     db.drop().await;
 }

@@ -15,9 +15,10 @@
 //! Deliveries are acked manually after the outcome is recorded, with a
 //! prefetch: at least the runner's
 //! [`concurrency`](super::Runner::concurrency), or fewer deliveries are in
-//! flight. A redelivery or a parked copy is published with publisher
-//! confirms before the original is acked: a crash in between leaves two
-//! copies, and the record makes the second a replay. Counted failures travel
+//! flight. A redelivery or a parked copy is published `mandatory` with
+//! publisher confirms before the original is acked: a crash in between leaves
+//! two copies, and the record makes the second a replay; a copy no queue
+//! takes is an error, and the original stays unacked. Counted failures travel
 //! in the header `x-idem-failures`. A message the broker hands back because a
 //! consumer's channel or connection ended before its verdict (`redelivered`)
 //! counts as a failure too: the flag does not say how often that happened, so
@@ -53,13 +54,13 @@
 //! | limit or odd answer | what RabbitMQ does | what idem does | test |
 //! |---|---|---|---|
 //! | short strings (routing key, queue name, `message-id`, header name): at most 255 bytes | the length is one byte; lapin writes it unchecked (`len as u8`), so a longer one corrupts the frame and the broker closes the channel | `outbox::put` refuses a topic, id or header name over 255 bytes; the sink fails a row holding one alone | `tests/outbox/scenarios.rs::outside_a_call_a_message_needs_an_id_and_a_repeated_id_is_one_row`, `tests/outbox/sinks.rs::rabbitmq_a_routing_key_over_255_bytes_fails_alone` |
-//! | the names `declare` derives (`q.retry` +6, `q.parked` +7, `q.dlx` +4 bytes) | the same 255-byte rule | not checked: a queue name over 248 bytes makes `declare` send a corrupt frame instead of an error naming the queue | none yet |
-//! | content header (properties and headers) must fit in one frame: `frame_max`, 131 072 bytes by default | a larger header frame is a connection error (`FRAME_ERROR`): every channel on the connection closes | not bounded: header values in `put`, and a parked copy's `x-idem-reason` (the handler's error text) on top of the message's own headers | none yet |
-//! | body over `max_message_size` (128 MiB on 3.x, 16 MiB on 4.x) | the channel closes (`PRECONDITION_FAILED`) | the sink does not check the payload: the batch on that channel fails with it. Copies the consumer publishes are as large as what the broker took | none yet |
-//! | unroutable message published without `mandatory` | confirmed (`basic.ack`) and dropped | the sink publishes `mandatory` and fails a returned message, matched by `message-id`. The consumer's copies (to `q.retry`, to `q.dlx`, back to `q`) are not `mandatory`: with `q.retry` or `q.parked` gone, the copy is dropped and the original acked | sink: `tests/outbox/sinks.rs::rabbitmq_carries_the_id_and_an_unroutable_message_is_not_marked_sent`, `tests/outbox/sinks.rs::rabbitmq_returns_in_a_mixed_batch_are_matched_to_their_own_messages`; consumer: none yet |
+//! | the names `declare` derives (`q.retry` +6, `q.parked` +7, `q.dlx` +4 bytes) | the same 255-byte rule: a corrupt `queue.declare` is a connection error (`FRAME_ERROR`) | `declare` (and `RabbitMqBuilder::connect`) refuses a queue name over 248 bytes with an error naming it, before anything is sent; the connection goes on | `tests/consumer_rabbitmq.rs::declare_refuses_a_queue_whose_derived_names_pass_255_bytes` (248 and 249 bytes) |
+//! | content header (properties and headers) must fit in one frame: `frame_max`, 131 072 bytes by default | a larger header frame is a connection error (`FRAME_ERROR`): every channel on the connection closes. RabbitMQ 3.10 lets the frame pass `frame_max` by up to 8 bytes (its overhead) | held to `frame_max` for the whole frame, encoded as lapin encodes it (`RabbitMqSink::frame_max`, `RabbitMqBuilder::frame_max`; RabbitMQ's default unless set, `RabbitMqSink::connect` reads the negotiated one): the sink fails such a message alone with the sizes; a parked copy's `x-idem-reason` (the handler's error text) is cut to fit, saying how long it was; any other copy that would not fit is an error before it is sent (the original stays unacked) | sink: `tests/outbox/sinks.rs::rabbitmq_a_content_header_over_frame_max_fails_alone` (at `frame_max`, 1 and 9 bytes over); consumer: `tests/consumer_rabbitmq.rs::a_parked_reason_is_cut_to_fit_frame_max` (at, 1 byte over, 140 KB) |
+//! | body over `max_message_size` (128 MiB on 3.x, 16 MiB on 4.x) | the channel closes (`PRECONDITION_FAILED`) | the sink fails a payload over `RabbitMqSink::max_message_bytes` (default 128 MiB, 3.x's; set it to the broker's) alone. Copies the consumer publishes are as large as what the broker took | sink: `tests/outbox/sinks.rs::rabbitmq_a_payload_over_max_message_bytes_fails_alone` (the setting lowered to 1 KiB: 1 KiB and 1 byte over); the broker's own answer is not tested: its limit is a global setting of the shared broker, and reaching 128 MiB would push its memory toward the alarm that blocks every publisher |
+//! | unroutable message published without `mandatory` | confirmed (`basic.ack`) and dropped | the sink publishes `mandatory` and fails a returned message, matched by `message-id`. The consumer's copies (to `q.retry`, to `q.dlx`, back to `q`) are `mandatory`, one at a time on the channel so a return is the copy's own: with `q.retry` or `q.parked` gone, the copy comes back, the runner gets a `BrokerError` naming the queue, and the original stays unacked (back in `q` when the channel ends) | sink: `tests/outbox/sinks.rs::rabbitmq_carries_the_id_and_an_unroutable_message_is_not_marked_sent`, `tests/outbox/sinks.rs::rabbitmq_returns_in_a_mixed_batch_are_matched_to_their_own_messages`; consumer: `tests/consumer_rabbitmq.rs::a_retry_copy_no_queue_takes_is_an_error_and_the_original_stays`, `tests/consumer_rabbitmq.rs::a_parked_copy_no_queue_takes_is_an_error_and_the_original_stays` (queue present, then deleted) |
 //! | a message handed back after its consumer's channel or connection ended | a classic queue sets `redelivered` only, however often; a quorum queue counts `x-delivery-count` | counted as failures, republished to the tail of `q` with `x-idem-failures` raised, before any handler runs | `tests/consumer_rabbitmq.rs::dead_consumer_is_taken_over`, `tests/consumer_rabbitmq.rs::crash_and_panic_are_parked` |
-//! | unacked deliveries: `basic.qos` prefetch, a `u16` (0 = unlimited) | hands out no more than the prefetch | `prefetch` is at least 1, never unlimited; below the runner's concurrency it caps what runs | `tests/consumer_rabbitmq.rs::concurrency_keeps_n_in_flight` (at 8, not at the `u16` edge) |
-//! | a delivery unacked past `consumer_timeout` (30 min by default) | closes the channel; every unacked delivery on it comes back `redelivered` | a handler running that long costs the channel: the others in flight are counted a failure each and the runner returns the broker error | none yet |
+//! | unacked deliveries: `basic.qos` prefetch, a `u16` (0 = unlimited) | hands out no more than the prefetch | `prefetch` is at least 1 (0 counts as 1), never unlimited; below the runner's concurrency it caps what runs, so a concurrency over 65 535 runs at most 65 535 | `tests/consumer_rabbitmq.rs::concurrency_keeps_n_in_flight` (at 8), `tests/consumer_rabbitmq.rs::prefetch_0_is_1_and_a_prefetch_below_concurrency_caps_it` (0; 2 under a concurrency of 4: the same cap as 65 535 under more, which the `u16` makes the only case) |
+//! | a delivery unacked past `consumer_timeout` (30 min by default) | closes the channel; every unacked delivery on it comes back `redelivered` | a handler running that long costs the channel: the others in flight are counted a failure each and the runner returns the broker error | none yet: RabbitMQ 3.10 has the timeout only as a global setting (the `consumer-timeout` policy key is refused, "not recognised policy settings"; the `x-consumer-timeout` queue argument and policy key come in 3.12), and tests do not change the shared broker's global settings |
 //! | connection lost between a publish and its confirm | the message may or may not be queued | the sink fails the batch and publishes it again (the consumer's record deduplicates by `message-id`); `RabbitMqSink::connect` reopens the connection | `tests/outbox/sinks.rs::the_rabbitmq_sink_reconnects_after_the_broker_closed_its_connection`, `tests/outbox/crash.rs::a_relay_killed_mid_batch_publishes_everything_at_least_once_and_each_applies_once` |
 
 use std::sync::Arc;
@@ -230,35 +231,178 @@ async fn publish_confirmed(
     Ok(())
 }
 
+/// RabbitMQ's default `frame_max`, what the consumer and the sink assume
+/// unless told the connection's ([`RabbitMqBuilder::frame_max`],
+/// `RabbitMqSink::frame_max`): lapin negotiates it on the connection and
+/// does not show it on a channel.
+pub const DEFAULT_FRAME_MAX: u32 = 131_072;
+
+/// What a frame carries besides its payload: type, channel, size and the
+/// end octet.
+const FRAME_OVERHEAD: usize = 8;
+
+/// The bytes of the content header frame that carries `props`: the frame's
+/// overhead, class, weight and body size, then the properties as lapin
+/// encodes them.
+pub(crate) fn header_frame_bytes(props: &BasicProperties) -> usize {
+    let encoded = lapin::protocol::basic::gen_properties::<Vec<u8>>(props)(Vec::new().into());
+    // Encoding into a `Vec` does not fail; if it ever did, the header counts
+    // as too large rather than being sent.
+    encoded.map_or(usize::MAX, |ctx| {
+        FRAME_OVERHEAD + 12 + usize::try_from(ctx.position).unwrap_or(usize::MAX)
+    })
+}
+
+/// Why a message with `props` cannot be published on a connection whose
+/// `frame_max` is `frame_max`: AMQP sends the content header as one frame,
+/// and a larger one is a connection error that takes every channel with it.
+/// (RabbitMQ lets a frame pass `frame_max` by up to its 8 bytes of overhead;
+/// this holds to the protocol's bound.)
+pub(crate) fn header_too_large(props: &BasicProperties, frame_max: u32) -> Option<String> {
+    let bytes = header_frame_bytes(props);
+    (bytes > frame_max as usize).then(|| {
+        format!(
+            "its content header (properties and headers) is a {bytes}-byte frame, over the \
+             connection's frame_max ({frame_max}): AMQP sends it in one frame"
+        )
+    })
+}
+
+/// `reason` as it fits in `room` bytes: cut at a character boundary, with
+/// how long it was.
+fn cut(reason: &str, room: usize) -> String {
+    if reason.len() <= room {
+        return reason.to_owned();
+    }
+    let note = format!("… (cut to fit the frame: {} bytes in all)", reason.len());
+    // With no room for the note, as much of the reason as fits.
+    let (mut keep, note) = match room.checked_sub(note.len()) {
+        Some(keep) => (keep, note),
+        None => (room, String::new()),
+    };
+    while !reason.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    format!("{}{note}", &reason[..keep])
+}
+
+/// The longest AMQP short string, which a queue's and an exchange's name is.
+const SHORT_STRING_BYTES: usize = 255;
+
 struct Names {
     queue: String,
     retry: String,
+    parked: String,
     dlx: String,
 }
 
 impl Names {
-    fn of(queue: &str) -> Names {
-        Names {
+    /// The names `declare` derives from `queue`; an error naming it when the
+    /// longest (`.parked`) would not be a short string: lapin would write it
+    /// with a wrong length, and the broker close the connection on the
+    /// corrupt frame.
+    fn of(queue: &str) -> Result<Names, BrokerError> {
+        let parked = format!("{queue}.parked");
+        if parked.len() > SHORT_STRING_BYTES {
+            return Err(BrokerError::new(
+                "rabbitmq",
+                format!(
+                    "the queue name `{queue}` is {} bytes: `<queue>.parked` would be {}, over \
+                     AMQP's {SHORT_STRING_BYTES} (a queue name may have at most {})",
+                    queue.len(),
+                    parked.len(),
+                    SHORT_STRING_BYTES - ".parked".len()
+                ),
+            ));
+        }
+        Ok(Names {
             queue: queue.to_owned(),
             retry: format!("{queue}.retry"),
+            parked,
             dlx: format!("{queue}.dlx"),
+        })
+    }
+}
+
+/// What a consumer's copies (a redelivery, a parked copy, a returned message
+/// counted) need besides the channel.
+struct Copies {
+    names: Names,
+    frame_max: u32,
+    /// Held from a copy's publish to its confirm. Copies are `mandatory`, and
+    /// lapin hands a returned message to whichever confirm completes next
+    /// (one `multiple` ack completes several): with one copy in flight on the
+    /// channel, a return is that copy's. Copies are the exception path, so
+    /// the round trips in a row cost little.
+    one_at_a_time: tokio::sync::Mutex<()>,
+}
+
+impl Copies {
+    /// Publishes a copy `mandatory` with a confirm: a copy no queue takes
+    /// (`to`, a queue deleted since `declare`) comes back and is an error, so
+    /// the caller does not ack the original. A copy whose header would not
+    /// fit in a frame is an error before anything is sent.
+    async fn publish(
+        &self,
+        channel: &Channel,
+        exchange: &str,
+        routing_key: &str,
+        to: &str,
+        body: &[u8],
+        props: BasicProperties,
+    ) -> Result<(), BrokerError> {
+        if let Some(why) = header_too_large(&props, self.frame_max) {
+            return Err(BrokerError::new(
+                "rabbitmq",
+                format!("a copy for {to} was not published: {why}"),
+            ));
         }
+        let _one = self.one_at_a_time.lock().await;
+        let confirm = channel
+            .basic_publish(
+                exchange,
+                routing_key,
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                body,
+                props,
+            )
+            .await
+            .map_err(broker)?
+            .await
+            .map_err(broker)?;
+        if confirm.is_nack() {
+            return Err(BrokerError::new(
+                "rabbitmq",
+                format!("the broker refused a copy for {to}"),
+            ));
+        }
+        if confirm.take_message().is_some() {
+            return Err(BrokerError::new(
+                "rabbitmq",
+                format!("no queue took the copy for {to}: it came back (was the queue deleted?)"),
+            ));
+        }
+        Ok(())
     }
 }
 
 /// A consumer on a queue: a [`Source`] for [`super::Runner`].
 pub struct RabbitMqSource {
     channel: Channel,
-    names: Arc<Names>,
+    copies: Arc<Copies>,
     consumer: lapin::Consumer,
 }
 
 impl RabbitMqSource {
     /// Declares `queue`, `queue.retry`, the exchange `queue.dlx` and
     /// `queue.parked` (see the module documentation). Idempotent; the queues
-    /// are durable.
+    /// are durable. A name over 248 bytes is an error before anything is
+    /// sent: `queue.parked` would pass AMQP's 255.
     pub async fn declare(channel: &Channel, queue: &str) -> Result<(), BrokerError> {
-        let n = Names::of(queue);
+        let n = Names::of(queue)?;
         let durable = QueueDeclareOptions {
             durable: true,
             ..QueueDeclareOptions::default()
@@ -275,14 +419,14 @@ impl RabbitMqSource {
             )
             .await
             .map_err(broker)?;
-        let parked = format!("{queue}.parked");
+        let parked = &n.parked;
         channel
-            .queue_declare(&parked, durable, FieldTable::default())
+            .queue_declare(parked, durable, FieldTable::default())
             .await
             .map_err(broker)?;
         channel
             .queue_bind(
-                &parked,
+                parked,
                 &n.dlx,
                 "",
                 QueueBindOptions::default(),
@@ -322,6 +466,7 @@ impl RabbitMqSource {
             queue: queue.to_owned(),
             tag: tag.to_owned(),
             prefetch: 1,
+            frame_max: DEFAULT_FRAME_MAX,
         }
     }
 }
@@ -332,6 +477,7 @@ pub struct RabbitMqBuilder {
     queue: String,
     tag: String,
     prefetch: u16,
+    frame_max: u32,
 }
 
 impl RabbitMqBuilder {
@@ -340,21 +486,37 @@ impl RabbitMqBuilder {
     /// the broker hands out no more than this, so a lower prefetch caps the
     /// deliveries in flight. A little above it keeps the next messages on
     /// their way while the slots are busy; every prefetched message is one
-    /// another consumer of the queue cannot take.
+    /// another consumer of the queue cannot take. 0 counts as 1 (AMQP's 0
+    /// would be unlimited); the type caps it at 65 535, so a runner's
+    /// concurrency above that runs at most 65 535 deliveries at once.
     pub fn prefetch(mut self, n: u16) -> Self {
         self.prefetch = n;
         self
     }
 
+    /// The `frame_max` the channel's connection negotiated,
+    /// `Connection::configuration().frame_max()` (default
+    /// [`DEFAULT_FRAME_MAX`], RabbitMQ's). A parked copy's reason is cut so
+    /// that its content header fits in one frame of this size, and a copy
+    /// that still would not fit is an error instead of a frame that closes
+    /// the connection.
+    pub fn frame_max(mut self, bytes: u32) -> Self {
+        self.frame_max = bytes;
+        self
+    }
+
     /// Starts consuming with manual acks. Puts the channel in confirm mode
-    /// for the copies it publishes.
+    /// for the copies it publishes, which are its only publishes: the channel
+    /// is the consumer's own.
     pub async fn connect(self, channel: Channel) -> Result<RabbitMqSource, BrokerError> {
         let RabbitMqBuilder {
             queue,
             tag,
             prefetch,
+            frame_max,
         } = self;
         let (queue, tag) = (queue.as_str(), tag.as_str());
+        let names = Names::of(queue)?;
         channel
             .basic_qos(prefetch.max(1), BasicQosOptions::default())
             .await
@@ -374,7 +536,11 @@ impl RabbitMqBuilder {
             .map_err(broker)?;
         Ok(RabbitMqSource {
             channel,
-            names: Arc::new(Names::of(queue)),
+            copies: Arc::new(Copies {
+                names,
+                frame_max,
+                one_at_a_time: tokio::sync::Mutex::new(()),
+            }),
             consumer,
         })
     }
@@ -432,7 +598,7 @@ impl Source for RabbitMqSource {
             let failures = header(&delivery.properties, FAILURES).unwrap_or(0);
             let delivery = RabbitMqDelivery {
                 channel: self.channel.clone(),
-                names: self.names.clone(),
+                copies: self.copies.clone(),
                 attempt: failures + 1,
                 delivery,
             };
@@ -452,14 +618,17 @@ impl Source for RabbitMqSource {
                 FAILURES,
                 AMQPValue::LongLongInt((failures + returned).into()),
             )]);
-            publish_confirmed(
-                &self.channel,
-                "",
-                &self.names.queue,
-                &delivery.delivery.data,
-                props,
-            )
-            .await?;
+            let names = &self.copies.names;
+            self.copies
+                .publish(
+                    &self.channel,
+                    "",
+                    &names.queue,
+                    &format!("`{}`", names.queue),
+                    &delivery.delivery.data,
+                    props,
+                )
+                .await?;
             delivery.ack().await?;
         }
     }
@@ -468,7 +637,7 @@ impl Source for RabbitMqSource {
 /// One message handed to this consumer.
 pub struct RabbitMqDelivery {
     channel: Channel,
-    names: Arc<Names>,
+    copies: Arc<Copies>,
     attempt: u32,
     delivery: lapin::message::Delivery,
 }
@@ -499,14 +668,17 @@ impl RabbitMqDelivery {
         let props = self
             .copy_props(&[(FAILURES, AMQPValue::LongLongInt(failures.into()))])
             .with_expiration(ttl.as_str().into());
-        publish_confirmed(
-            &self.channel,
-            "",
-            &self.names.retry,
-            &self.delivery.data,
-            props,
-        )
-        .await?;
+        let retry = &self.copies.names.retry;
+        self.copies
+            .publish(
+                &self.channel,
+                "",
+                retry,
+                &format!("`{retry}`"),
+                &self.delivery.data,
+                props,
+            )
+            .await?;
         self.ack().await
     }
 }
@@ -548,23 +720,31 @@ impl Delivery for RabbitMqDelivery {
         self.redeliver(after, failures).await.map(|()| None)
     }
 
+    /// The reason (often a handler's error text) is cut to what fits the
+    /// copy's content header in one frame: the message is parked with the
+    /// start of it rather than the connection closed on it.
     async fn park(self, reason: &str) -> Result<(), BrokerError> {
-        let props = self.copy_props(&[
-            (REASON, AMQPValue::LongString(reason.into())),
-            (DELIVERIES, AMQPValue::LongLongInt(self.attempt.into())),
-            (
-                QUEUE,
-                AMQPValue::LongString(self.names.queue.as_str().into()),
-            ),
-        ]);
-        publish_confirmed(
-            &self.channel,
-            &self.names.dlx,
-            "",
-            &self.delivery.data,
-            props,
-        )
-        .await?;
+        let names = &self.copies.names;
+        let with = |reason: &str| {
+            self.copy_props(&[
+                (REASON, AMQPValue::LongString(reason.into())),
+                (DELIVERIES, AMQPValue::LongLongInt(self.attempt.into())),
+                (QUEUE, AMQPValue::LongString(names.queue.as_str().into())),
+            ])
+        };
+        // The reason's bytes add to the header one for one.
+        let room = (self.copies.frame_max as usize).saturating_sub(header_frame_bytes(&with("")));
+        let props = with(&cut(reason, room));
+        self.copies
+            .publish(
+                &self.channel,
+                &names.dlx,
+                "",
+                &format!("`{}` (bound to `{}`)", names.dlx, names.parked),
+                &self.delivery.data,
+                props,
+            )
+            .await?;
         self.ack().await
     }
 }
