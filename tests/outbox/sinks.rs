@@ -818,6 +818,7 @@ async fn jetstream_subjects_the_server_refuses_fail_alone() {
     let mut stream = js.get_stream(&name).await.unwrap();
     assert_eq!(stream.info().await.unwrap().state.messages, 2);
     let _ = js.delete_stream(&name).await;
+}
 
 // ---- Limits of RabbitMQ (issue 30): the sink's boundary tests of the
 // `# Limits of RabbitMQ` table in `consumer/rabbitmq.rs`. ----
