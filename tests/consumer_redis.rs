@@ -325,3 +325,48 @@ async fn a_park_that_cannot_write_its_copy_leaves_the_entry_pending() {
     assert!(b.drained().await);
     b.cleanup().await;
 }
+
+/// An entry deleted from the stream (`XDEL`, `XTRIM`, the sink's `max_len`)
+/// while pending on a consumer that died: `XAUTOCLAIM` (Redis 7) drops it
+/// from the pending list and names it as deleted; the next consumer hands
+/// nothing out for it, and its neighbour still comes through. The message is
+/// gone without a delivery: what the table's trimming row warns of.
+#[tokio::test]
+async fn an_entry_deleted_while_pending_is_dropped_not_handed_out() {
+    let Some(b) = Streams::new().await else {
+        return;
+    };
+    let mut conn = b.conn.clone();
+    b.publish(&order("deleted")).await;
+    b.publish(&order("kept")).await;
+    let mut dead = b.consumer("dead").await;
+    let first = dead.next().await.unwrap();
+    let second = dead.next().await.unwrap();
+    let deleted = first.id().to_owned();
+    // The consumer dies with both pending; one of them is deleted.
+    drop((first, second, dead));
+    let _: i64 = redis::cmd("XDEL")
+        .arg(&b.stream)
+        .arg(&deleted)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    let mut next = b.consumer("next").await;
+    let taken = tokio::time::timeout(Duration::from_secs(10), next.next())
+        .await
+        .expect("the neighbour taken over after claim_idle")
+        .unwrap();
+    assert_ne!(taken.id(), deleted);
+    let body: OrderPaid = serde_json::from_slice(taken.payload().unwrap()).unwrap();
+    assert_eq!(body.order_id, "kept");
+    taken.ack().await.unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), next.next())
+            .await
+            .is_err(),
+        "nothing handed out for the deleted entry"
+    );
+    assert!(b.drained().await, "the deleted entry left the pending list");
+    b.cleanup().await;
+}

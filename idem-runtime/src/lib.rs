@@ -101,6 +101,8 @@ mod observe;
 pub mod outbox;
 pub mod protocol;
 pub mod recovery;
+#[cfg(any(feature = "redis", feature = "redis-streams"))]
+mod redis_limits;
 mod site;
 mod spec;
 pub mod store;
