@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use idem_runtime::consumer::{Delivery, Parked, Source};
 use idem_runtime::consumer::redis_streams::{self, RedisStreamsSource};
+use idem_runtime::consumer::{Delivery, Parked, Source};
 use idem_tests::consumer::*;
 use idem_tests::services;
 use redis::aio::MultiplexedConnection;

@@ -849,7 +849,12 @@ async fn redis_streams_a_payload_over_proto_max_bulk_len_fails_alone() {
         })
         .collect();
     got.sort();
-    assert_eq!(got.len(), 4, "{:?}", got.iter().map(|g| &g.0).collect::<Vec<_>>());
+    assert_eq!(
+        got.len(),
+        4,
+        "{:?}",
+        got.iter().map(|g| &g.0).collect::<Vec<_>>()
+    );
     assert!(got.contains(&(at, MIB)), "the 1 MiB payload whole");
     db.drop().await;
 }

@@ -85,10 +85,12 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStreamsSink<C> {
 /// Why Redis would close the connection over `m`: an argument of its `XADD`
 /// over `proto-max-bulk-len`.
 fn refused(m: &Outgoing, max_bulk_len: usize) -> Option<BrokerError> {
-    let headers = m
-        .headers
-        .iter()
-        .flat_map(|(name, value)| [("a header name", 2 + name.len()), ("a header value", value.len())]);
+    let headers = m.headers.iter().flat_map(|(name, value)| {
+        [
+            ("a header name", 2 + name.len()),
+            ("a header value", value.len()),
+        ]
+    });
     let (what, size) = [
         ("the payload", m.payload.len()),
         ("the id", m.id.as_str().len()),
