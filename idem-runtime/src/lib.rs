@@ -101,7 +101,15 @@ mod observe;
 pub mod outbox;
 pub mod protocol;
 pub mod recovery;
-#[cfg(any(feature = "redis", feature = "redis-streams"))]
+// The store's and the Redis Streams sink's (an outbox sink: only with a
+// database).
+#[cfg(any(
+    feature = "redis",
+    all(
+        feature = "redis-streams",
+        any(feature = "sqlite", feature = "postgres", feature = "mysql")
+    )
+))]
 mod redis_limits;
 mod site;
 mod spec;
