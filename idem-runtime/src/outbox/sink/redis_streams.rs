@@ -62,8 +62,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStreamsSink<C> {
     /// consumer down, a relay catching up) are gone, never delivered, and
     /// nothing counts or logs them; the relay marks them sent. Set `n` far
     /// above any backlog the consumers may fall behind by, or leave it unset
-    /// and trim from a job of your own below every group's last-delivered-id
-    /// (`XINFO GROUPS`, then `XTRIM … MINID`).
+    /// and trim from a job of your own below what every group has both read
+    /// and acked (its last-delivered-id from `XINFO GROUPS`, its oldest
+    /// pending entry from `XPENDING`, then `XTRIM … MINID`).
     pub fn max_len(mut self, n: usize) -> RedisStreamsSink<C> {
         self.max_len = Some(n);
         self
