@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use idem_runtime::consumer::Parked;
 use idem_runtime::consumer::redis_streams::{self, RedisStreamsSource};
+use idem_runtime::consumer::{Delivery, Parked, Source};
 use idem_tests::consumer::*;
 use idem_tests::services;
 use redis::aio::MultiplexedConnection;
@@ -270,5 +270,103 @@ async fn a_slow_healthy_consumer_has_nothing_taken_over_or_counted_twice() {
     let stats = runner.stats();
     assert_eq!((stats.delivered, stats.processed), (6, 6), "{stats:?}");
     assert!(b.drained().await);
+    b.cleanup().await;
+}
+
+/// A park whose copy cannot be written (the parking key holds a string, not
+/// a stream: `WRONGTYPE`) must not ack the entry: `process` fails and the
+/// entry stays pending. Once the key is a stream again, the entry comes back
+/// through `XAUTOCLAIM` and is parked as usual (was: `MULTI` ran the `XACK`
+/// after the failed `XADD`, so the entry was neither pending nor parked).
+#[tokio::test]
+async fn a_park_that_cannot_write_its_copy_leaves_the_entry_pending() {
+    let Some(b) = Streams::new().await else {
+        return;
+    };
+    let mut conn = b.conn.clone();
+    b.publish_raw(b"{\"order_id\": 7", Some("m-wrongtype"))
+        .await;
+    let _: () = redis::cmd("SET")
+        .arg(b.parking())
+        .arg("not a stream")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut source = b.consumer("c1").await;
+    let runner = runner();
+    let handler = |_: OrderPaid| async { Ok::<_, SettleError>(()) };
+
+    let refused = runner.process(source.next().await.unwrap(), &handler).await;
+    let e = refused.expect_err("a park whose copy was refused");
+    assert!(e.to_string().contains("WRONGTYPE"), "{e}");
+    let pending: redis::streams::StreamPendingReply = redis::cmd("XPENDING")
+        .arg(&b.stream)
+        .arg(&b.group)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(pending.count(), 1, "the entry is still pending");
+
+    let _: () = redis::cmd("DEL")
+        .arg(b.parking())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let again = tokio::time::timeout(Duration::from_secs(10), source.next())
+        .await
+        .expect("taken over after claim_idle")
+        .unwrap();
+    assert_eq!(again.attempt(), 2);
+    runner.process(again, &handler).await.unwrap();
+    let parked = b.parked().await;
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    assert_eq!(parked[0].message_id.as_deref(), Some("m-wrongtype"));
+    assert_eq!(parked[0].deliveries, Some(2));
+    assert!(b.drained().await);
+    b.cleanup().await;
+}
+
+/// An entry deleted from the stream (`XDEL`, `XTRIM`, the sink's `max_len`)
+/// while pending on a consumer that died: `XAUTOCLAIM` (Redis 7) drops it
+/// from the pending list and names it as deleted; the next consumer hands
+/// nothing out for it, and its neighbour still comes through. The message is
+/// gone without a delivery: what the table's trimming row warns of.
+#[tokio::test]
+async fn an_entry_deleted_while_pending_is_dropped_not_handed_out() {
+    let Some(b) = Streams::new().await else {
+        return;
+    };
+    let mut conn = b.conn.clone();
+    b.publish(&order("deleted")).await;
+    b.publish(&order("kept")).await;
+    let mut dead = b.consumer("dead").await;
+    let first = dead.next().await.unwrap();
+    let second = dead.next().await.unwrap();
+    let deleted = first.id().to_owned();
+    // The consumer dies with both pending; one of them is deleted.
+    drop((first, second, dead));
+    let _: i64 = redis::cmd("XDEL")
+        .arg(&b.stream)
+        .arg(&deleted)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    let mut next = b.consumer("next").await;
+    let taken = tokio::time::timeout(Duration::from_secs(10), next.next())
+        .await
+        .expect("the neighbour taken over after claim_idle")
+        .unwrap();
+    assert_ne!(taken.id(), deleted);
+    let body: OrderPaid = serde_json::from_slice(taken.payload().unwrap()).unwrap();
+    assert_eq!(body.order_id, "kept");
+    taken.ack().await.unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), next.next())
+            .await
+            .is_err(),
+        "nothing handed out for the deleted entry"
+    );
+    assert!(b.drained().await, "the deleted entry left the pending list");
     b.cleanup().await;
 }

@@ -101,6 +101,16 @@ mod observe;
 pub mod outbox;
 pub mod protocol;
 pub mod recovery;
+// The store's and the Redis Streams sink's (an outbox sink: only with a
+// database).
+#[cfg(any(
+    feature = "redis",
+    all(
+        feature = "redis-streams",
+        any(feature = "sqlite", feature = "postgres", feature = "mysql")
+    )
+))]
+mod redis_limits;
 mod site;
 mod spec;
 pub mod store;

@@ -970,3 +970,178 @@ async fn rabbitmq_a_payload_over_max_message_bytes_fails_alone() {
     delete_queues(&conn, &queue).await;
     db.drop().await;
 }
+
+// ---- Redis Streams at Redis's limits (issue 30): `proto-max-bulk-len` and
+// `MAXLEN ~` (the `# Limits of Redis Streams` table in
+// `idem-runtime/src/consumer/redis_streams/mod.rs`). ----
+
+/// A `redis-server` of the test's own on a free loopback port, started with
+/// `args` (a limit lowered for one test, never on the shared server), killed
+/// when dropped.
+struct OwnRedis {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl OwnRedis {
+    fn start(args: &[&str]) -> Option<OwnRedis> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let binary = std::env::var("IDEM_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        let child = std::process::Command::new(binary)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn();
+        let child = services::reachable("redis-server (binary)", "PATH", child)?;
+        let server = OwnRedis { child, port };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "redis-server did not start on {port}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(server)
+    }
+
+    fn client(&self) -> redis::Client {
+        redis::Client::open(format!("redis://127.0.0.1:{}", self.port)).unwrap()
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A server whose `proto-max-bulk-len` is 1 MiB: a payload of exactly 1 MiB
+/// is published with its batch, one of 1 MiB + 1 fails alone, named, and
+/// stays pending (was: Redis closed the connection mid-pipeline and every
+/// message of the batch failed, every round).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_streams_a_payload_over_proto_max_bulk_len_fails_alone() {
+    const MIB: usize = 1024 * 1024;
+    let Some(db) = postgres().await else { return };
+    let Some(server) = OwnRedis::start(&["--proto-max-bulk-len", "1mb"]) else {
+        return;
+    };
+    let client = server.client();
+    let stream = format!("idem-test-outbox-{}", tag());
+    let small: Vec<String> = (0..3).map(|i| format!("{stream}-small-{i}")).collect();
+    write(&db.pool, &stream, &small).await;
+    let (at, over) = (format!("{stream}-at"), format!("{stream}-over"));
+    let mut tx = db.pool.begin().await.unwrap();
+    outbox::put(
+        &mut tx,
+        Message::bytes(stream.as_str(), vec![b'x'; MIB]).id(at.as_str()),
+    )
+    .await
+    .unwrap();
+    outbox::put(
+        &mut tx,
+        Message::bytes(stream.as_str(), vec![b'x'; MIB + 1]).id(over.as_str()),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let sink = RedisStreamsSink::connect(&client).await.unwrap();
+    let relay = Relay::builder(db.pool.clone(), sink).batch(10).build();
+    let round = relay.run_once().await.unwrap();
+    assert_eq!((round.published, round.failed), (4, 1), "{round:?}");
+    let (id, reason) = the_one_pending(&db.pool).await;
+    assert_eq!(id, over);
+    assert!(reason.contains("proto-max-bulk-len"), "{reason}");
+
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let entries: redis::streams::StreamRangeReply = conn.xrange_all(&stream).await.unwrap();
+    let mut got: Vec<(String, usize)> = entries
+        .ids
+        .iter()
+        .map(|e| {
+            let payload: Vec<u8> = e.get("payload").unwrap();
+            (e.get("message-id").unwrap(), payload.len())
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got.len(),
+        4,
+        "{:?}",
+        got.iter().map(|g| &g.0).collect::<Vec<_>>()
+    );
+    assert!(got.contains(&(at, MIB)), "the 1 MiB payload whole");
+    db.drop().await;
+}
+
+/// `MAXLEN ~` trims entries whether or not a group has read them. A group
+/// that has read nothing yet, 250 messages relayed: with `max_len(1000)`
+/// (above the backlog) it reads all 250; with `max_len(10)` (below it) the
+/// relay still counts all 250 published, but the oldest are gone and the
+/// group reads only what is left. What the table and `max_len`'s rustdoc
+/// warn of: nothing counts or logs the trimmed entries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_streams_max_len_below_the_backlog_trims_entries_no_group_has_read() {
+    let Some(client) = redis().await else { return };
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    for (max_len, trims) in [(1000, false), (10, true)] {
+        let Some(db) = postgres().await else { return };
+        let stream = format!("idem-test-outbox-maxlen-{}", tag());
+        let _: () = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&stream)
+            .arg("late")
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let ids: Vec<String> = (0..250).map(|i| format!("{stream}-{i:03}")).collect();
+        write(&db.pool, &stream, &ids).await;
+        let sink = RedisStreamsSink::connect(&client)
+            .await
+            .unwrap()
+            .max_len(max_len);
+        relay_all(&db.pool, sink, 250).await;
+
+        let read: redis::streams::StreamReadReply = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg("late")
+            .arg("c1")
+            .arg("COUNT")
+            .arg(1000)
+            .arg("STREAMS")
+            .arg(&stream)
+            .arg(">")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let got: Vec<String> = read
+            .keys
+            .iter()
+            .flat_map(|k| &k.ids)
+            .map(|e| e.get("message-id").unwrap())
+            .collect();
+        let left: usize = conn.xlen(&stream).await.unwrap();
+        assert_eq!(got.len(), left, "max_len {max_len}");
+        if trims {
+            assert!(
+                (10..250).contains(&got.len()),
+                "max_len {max_len}: {} read",
+                got.len()
+            );
+            assert_eq!(got[..], ids[250 - got.len()..], "the newest are left");
+        } else {
+            assert_eq!(got, ids, "max_len {max_len}");
+        }
+        let _: () = conn.del(&stream).await.unwrap();
+        db.drop().await;
+    }
+}

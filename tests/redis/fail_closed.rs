@@ -82,7 +82,7 @@ async fn redis_stopped_mid_test_fails_closed() {
     // Back on the same port (empty: it kept nothing): calls work again.
     let port = server.port;
     drop(server);
-    let Some(_server) = OwnRedis::start_on(port) else {
+    let Some(_server) = OwnRedis::start_on(port, &[]) else {
         return;
     };
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -3,8 +3,9 @@
 //! `scripts/test`): the whole conformance suite on both, then what only a
 //! server can show — scripts reloaded after `SCRIPT FLUSH`, a re-sent claim
 //! recognised, the completion's path (`SET … IFEQ` or the script, by server),
-//! and failing closed when Redis is unreachable, stops, or loses the
-//! connection between claim and complete. `scripts/test` runs this binary
+//! failing closed when Redis is unreachable, stops, or loses the
+//! connection between claim and complete, and the server's limits
+//! (`proto-max-bulk-len`, `maxmemory`). `scripts/test` runs this binary
 //! twice: on Redis 7 (script completion) and on Valkey 8.1 (`IDEM_REDIS_URL`
 //! and `IDEM_REDIS_SERVER` pointing at it; plain-command completion).
 //!
@@ -19,6 +20,7 @@
 mod claim;
 mod completion;
 mod fail_closed;
+mod limits;
 mod purge;
 mod records;
 mod recovery_index;
@@ -176,20 +178,26 @@ struct OwnRedis {
 
 impl OwnRedis {
     fn start() -> Option<OwnRedis> {
+        OwnRedis::start_with(&[])
+    }
+
+    /// With `args` added to the command line: a limit lowered for one test.
+    fn start_with(args: &[&str]) -> Option<OwnRedis> {
         let port = StdListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
-        OwnRedis::start_on(port)
+        OwnRedis::start_on(port, args)
     }
 
-    fn start_on(port: u16) -> Option<OwnRedis> {
+    fn start_on(port: u16, args: &[&str]) -> Option<OwnRedis> {
         // `IDEM_REDIS_SERVER`: the server binary of the run (scripts/test
         // runs this binary once on Redis and once on Valkey).
         let binary = std::env::var("IDEM_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
         let child = Command::new(binary)
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn();

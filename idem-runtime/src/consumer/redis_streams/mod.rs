@@ -10,8 +10,8 @@
 //!   counter equal to the counted deliveries: an `InProgress` redelivery sets
 //!   it one back, so the takeover that follows does not count.
 //! - A parked entry is copied to the parking stream (`<stream>:parked` unless
-//!   set) with its reason, and acked, in one `MULTI`; [`parked`] reads it
-//!   back.
+//!   set) with its reason, and acked only once the copy is written, in one
+//!   script (`park.lua`); [`parked`] reads it back.
 //!
 //! Delays are capped at `claim_idle`: Redis measures them as idle time.
 //!
@@ -60,11 +60,11 @@
 //!
 //! | limit or odd answer | what Redis does | what idem does | test |
 //! |---|---|---|---|
-//! | one argument (a payload, a field value) over `proto-max-bulk-len` (512 MiB by default) | `-ERR Protocol error: invalid bulk length` and the connection closes | the sink pipelines a batch on one connection and does not check sizes: one oversized payload fails every `XADD` of its batch. Copies the consumer writes are as large as what Redis took | none yet |
-//! | `MULTI`/`EXEC` does not roll back: a command that fails at run time (`WRONGTYPE`) leaves the others applied | runs the rest and reports that command's error inside `EXEC` | a park is `MULTI` {`XADD` to the parking stream, `XACK`}: with the parking key holding another type, the entry is acked and not parked, and the runner returns the error | none yet |
-//! | entries trimmed or deleted while pending (`MAXLEN ~` on the sink, `XTRIM`, `XDEL`) | never handed out again; `XAUTOCLAIM` (7.0+) drops them from the pending list and names them as deleted | the sink's `max_len` may trim entries no group has read: they are gone without a count or a log | none yet |
+//! | one argument (a payload, a field value) over `proto-max-bulk-len` (512 MiB by default) | `-ERR Protocol error: invalid bulk length` and the connection closes, failing every command queued on it | the sink reads the limit from the server at connect (512 MiB where `CONFIG` is refused; `max_bulk_len` sets it) and fails a message whose payload, id, topic or a header is larger alone, unsent; the rest of its batch is published. A parked copy carries the payload as one argument, as Redis took it, and the reason in a field of its own | `tests/outbox/sinks.rs::redis_streams_a_payload_over_proto_max_bulk_len_fails_alone` (at 1 MiB and one byte over) |
+//! | neither `MULTI`/`EXEC` nor a script rolls back: a command that fails at run time (`WRONGTYPE`) leaves the others applied | `EXEC` runs the rest and reports that command's error in its reply; a script stops at the error | a park is `park.lua`: `XADD` to the parking stream, then `XACK` only if the copy was written. With the parking key holding another type, the park fails (the runner returns the error) and the entry stays pending, to come back through `XAUTOCLAIM` | `tests/consumer_redis.rs::a_park_that_cannot_write_its_copy_leaves_the_entry_pending` |
+//! | entries trimmed or deleted while unread or pending (`MAXLEN ~` on the sink, `XTRIM`, `XDEL`) | `MAXLEN ~` trims the oldest entries (whole nodes, so about `n` are left) whether or not a group has read or acked them; a trimmed entry is never handed out; `XAUTOCLAIM` (7.0+) drops a deleted pending entry from the pending list and names it as deleted | the sink's `max_len` trims entries no group has read: the relay counted them published, no consumer sees them, and nothing counts or logs them (`max_len`'s rustdoc: set it far above any backlog, or trim yourself below what every group has read and acked). A deleted pending entry is not handed out; its neighbours are | unread: `tests/outbox/sinks.rs::redis_streams_max_len_below_the_backlog_trims_entries_no_group_has_read` (`max_len` above and below a 250-entry backlog); pending: `tests/consumer_redis.rs::an_entry_deleted_while_pending_is_dropped_not_handed_out` |
 //! | the delivery counter | `XAUTOCLAIM`/`XCLAIM` add one per claim; `RETRYCOUNT` sets it | it is the attempt; a delayed redelivery sets it, an `InProgress` one sets it back by one | `tests/consumer_redis.rs::dead_consumer_is_taken_over`, `tests/consumer_redis.rs::poison_is_parked`, `tests/consumer_redis.rs::in_progress_is_not_a_failure` |
-//! | redelivery is idle time: an entry pending longer than `claim_idle` may be claimed by anyone | `XAUTOCLAIM … min-idle-time` | delays are capped at `claim_idle`; an entry buffered in this process longer than `claim_idle` is not handed out (another consumer may hold it) | delays: `tests/consumer_redis.rs::poison_is_parked`; the buffered entry past `claim_idle`: none yet |
+//! | redelivery is idle time: an entry pending longer than `claim_idle` may be claimed by anyone | `XAUTOCLAIM … min-idle-time` | delays are capped at `claim_idle`. Entries waiting in this process's buffer do not go idle: once one has waited a tenth of `claim_idle`, `keep.lua` sets the buffer's idle times back to 0 (`XCLAIM … JUSTID` to itself, not a delivery) and drops from the buffer those another consumer took over meanwhile; so a slow healthy consumer has nothing taken over, counted twice or parked unrun | delays: `tests/consumer_redis.rs::poison_is_parked`; the buffer: `tests/consumer_redis.rs::a_slow_healthy_consumer_has_nothing_taken_over_or_counted_twice` |
 //! | connection lost mid-`XACK` or mid-park | the command may or may not have run | an entry left pending comes back through `XAUTOCLAIM`, counted, and the record replays it | `tests/consumer_redis.rs::dead_consumer_is_taken_over` (a consumer gone, not a reply lost) |
 
 use std::collections::{HashSet, VecDeque};
@@ -88,6 +88,7 @@ pub const PAYLOAD_FIELD: &str = "payload";
 pub const MESSAGE_ID_FIELD: &str = "message-id";
 
 static KEEP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("keep.lua")));
+static PARK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("park.lua")));
 
 // The fields a parked entry carries besides the message's own.
 const REASON_FIELD: &str = "reason";
@@ -540,11 +541,10 @@ impl Delivery for RedisStreamsDelivery {
 
     async fn park(mut self, reason: &str) -> Result<(), BrokerError> {
         let n = &self.names;
-        let mut pipe = redis::pipe();
-        pipe.atomic()
-            .cmd("XADD")
-            .arg(&n.parking)
-            .arg("*")
+        let mut park = PARK.key(&n.stream);
+        park.key(&n.parking)
+            .arg(&n.group)
+            .arg(&self.id)
             .arg(PAYLOAD_FIELD)
             .arg(self.payload.as_deref().unwrap_or_default())
             .arg(REASON_FIELD)
@@ -556,15 +556,9 @@ impl Delivery for RedisStreamsDelivery {
             .arg(DELIVERIES_FIELD)
             .arg(self.attempt);
         if let Some(id) = &self.message_id {
-            pipe.arg(MESSAGE_ID_FIELD).arg(id);
+            park.arg(MESSAGE_ID_FIELD).arg(id);
         }
-        pipe.ignore()
-            .cmd("XACK")
-            .arg(&n.stream)
-            .arg(&n.group)
-            .arg(&self.id)
-            .ignore();
-        let _: () = pipe.query_async(&mut self.conn).await.map_err(broker)?;
+        let _: Value = park.invoke_async(&mut self.conn).await.map_err(broker)?;
         Ok(())
     }
 }

@@ -9,9 +9,11 @@ use redis::cluster::ClusterClientBuilder;
 use redis::{ConnectionInfo, IntoConnectionInfo};
 
 use crate::error::StoreError;
+use crate::redis_limits::{self, DEFAULT_PROTO_MAX_BULK_LEN};
 use crate::store::DEFAULT_MAX_RESULT_BYTES;
 
 use super::connection::Connection;
+use super::record::DONE_HEAD_MAX;
 use super::{Inner, RedisStore};
 
 const SINGLE: &str = "redis";
@@ -62,6 +64,12 @@ impl RedisStoreBuilder {
 
     /// The largest result kept (default 1 MiB). Larger results are not
     /// stored; duplicates get `Error::ResultTooLarge`.
+    ///
+    /// Capped at what the server takes in one argument, its
+    /// `proto-max-bulk-len` (read at connect; 512 MiB by default, and where
+    /// the server does not say or with [`connect_lazy`](Self::connect_lazy)),
+    /// less a record's head of 74 bytes: over it, Redis would close the
+    /// connection under the completion and every call sharing it.
     ///
     /// ```
     /// use idem_runtime::store::redis::RedisStore;
@@ -180,8 +188,14 @@ impl RedisStoreBuilder {
         let manager = ConnectionManager::new_lazy_with_config(client, self.manager_config())
             .map_err(|e| StoreError::new(SINGLE, &location, e))?;
         // Nothing to ask yet: completions take the script, which every
-        // server runs.
-        Ok(self.build(Connection::Single(manager), SINGLE, location, false))
+        // server runs, and results are capped by the default limit.
+        Ok(self.build(
+            Connection::Single(manager),
+            SINGLE,
+            location,
+            false,
+            DEFAULT_PROTO_MAX_BULK_LEN,
+        ))
     }
 
     /// Connects to a Redis Cluster through any of its nodes (all URLs share
@@ -267,7 +281,10 @@ impl RedisStoreBuilder {
             && takes_set_ifeq(conn.clone(), &self.key_prefix)
                 .await
                 .map_err(|e| StoreError::new(backend, &location, e))?;
-        Ok(self.build(conn, backend, location, set_ifeq))
+        let max_bulk_len = redis_limits::proto_max_bulk_len(&mut conn.clone())
+            .await
+            .map_err(|e| StoreError::new(backend, &location, e))?;
+        Ok(self.build(conn, backend, location, set_ifeq, max_bulk_len))
     }
 
     fn build(
@@ -276,14 +293,29 @@ impl RedisStoreBuilder {
         backend: &'static str,
         location: String,
         set_ifeq: bool,
+        max_bulk_len: usize,
     ) -> RedisStore {
+        // A result travels as one argument: the DONE record (`SET … IFEQ`) or
+        // the payload beside it (`complete.lua`).
+        let max_result_bytes = self
+            .max_result_bytes
+            .min(max_bulk_len.saturating_sub(DONE_HEAD_MAX));
+        if max_result_bytes < self.max_result_bytes {
+            tracing::warn!(
+                asked = self.max_result_bytes,
+                kept = max_result_bytes,
+                proto_max_bulk_len = max_bulk_len,
+                location = %location,
+                "max_result_bytes lowered to what the server takes in one argument"
+            );
+        }
         RedisStore {
             inner: Arc::new(Inner {
                 conn,
                 backend,
                 location,
                 key_prefix: self.key_prefix,
-                max_result_bytes: self.max_result_bytes,
+                max_result_bytes,
                 set_ifeq,
                 held: super::complete::Held::new(),
             }),

@@ -26,6 +26,12 @@ use std::fmt;
 use crate::key::Fingerprint;
 use crate::store::{StoredOutcome, StoredResult, Token};
 
+/// The longest head a DONE record puts before its payload: kind, token, a
+/// fingerprint, a fence of 20 digits, and the outcome between its colons.
+/// (A claim's sealed arguments, `S`, a digest and the JSON, have a shorter
+/// one.)
+pub(super) const DONE_HEAD_MAX: usize = 2 + 16 + 1 + 32 + 20 + 3;
+
 /// What a record's value says.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Record {
