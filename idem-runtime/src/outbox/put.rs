@@ -50,7 +50,7 @@ outbox_connection!("sqlite", sqlx::SqliteConnection, sqlx::Sqlite);
 ///
 /// Inside an idempotent call the id derives from the call's key, so a
 /// retried call writes no second row; outside one, give it with
-/// [`Message::id`] (see the [module documentation](self)).
+/// [`Message::id`] (see the [module documentation](super)).
 ///
 /// ```no_run
 /// # #[cfg(feature = "postgres")] mod doc {
