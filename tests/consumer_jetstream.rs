@@ -299,6 +299,7 @@ async fn a_parked_copy_drops_the_headers_the_server_acts_on() {
             names,
             [
                 "Idem-Deliveries",
+                "Idem-Escaped",
                 "Idem-Reason",
                 "Idem-Stream",
                 "Nats-Msg-Id",
@@ -497,12 +498,13 @@ async fn a_parked_copy_is_cut_to_max_payload() {
         .unwrap();
     }
     let reason = "r".repeat(100);
-    // The copy's header block (`NATS/1.0`, its id, the three added headers,
+    // The copy's header block (`NATS/1.0`, its id, the four added headers,
     // the blank line) and its payload: `payload` bytes more than the block.
     let copy_headers = |id: &str| {
         "NATS/1.0\r\n".len()
             + format!("Nats-Msg-Id: {id}\r\n").len()
             + "Idem-Deliveries: 1\r\n".len()
+            + "Idem-Escaped: 1\r\n".len()
             + format!("Idem-Stream: {name}\r\n").len()
             + format!("Idem-Reason: {reason}\r\n").len()
             + 2

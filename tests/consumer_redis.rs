@@ -219,7 +219,8 @@ async fn failing_handler_is_parked_with_its_error() {
 
 /// A slow but healthy consumer: each run takes 700 ms, under `claim_idle`
 /// (1 s), and the default batch (10) leaves entries waiting in its buffer
-/// for several seconds. None may be taken over or have a delivery counted
+/// for several seconds. None may go idle for `claim_idle` (another member
+/// polling `XAUTOCLAIM` finds nothing to take) or have a delivery counted
 /// that never ran: with `max_deliveries(1)`, one counted twice would be
 /// parked unrun (was: the buffered entries passed `claim_idle`, were dropped,
 /// came back through `XAUTOCLAIM` as second deliveries and were parked as
@@ -242,6 +243,47 @@ async fn a_slow_healthy_consumer_has_nothing_taken_over_or_counted_twice() {
         .connect(&b.client)
         .await
         .unwrap();
+    // Another member of the group takes over whatever has been idle for
+    // `claim_idle`, as a second consumer would: it must find nothing.
+    let stolen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let thief = tokio::spawn({
+        let (mut conn, stream, group, stolen) = (
+            b.conn.clone(),
+            b.stream.clone(),
+            b.group.clone(),
+            stolen.clone(),
+        );
+        async move {
+            loop {
+                let reply: redis::Value = redis::cmd("XAUTOCLAIM")
+                    .arg(&stream)
+                    .arg(&group)
+                    .arg("thief")
+                    .arg(1000)
+                    .arg("0-0")
+                    .arg("COUNT")
+                    .arg(100)
+                    .arg("JUSTID")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                // [next cursor, [claimed id…], deleted ids]
+                if let redis::Value::Array(parts) = reply
+                    && let Some(redis::Value::Array(ids)) = parts.get(1)
+                {
+                    for id in ids {
+                        if let redis::Value::BulkString(id) = id {
+                            stolen
+                                .lock()
+                                .unwrap()
+                                .push(String::from_utf8_lossy(id).into());
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    });
     let runs: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
     let runner = runner().max_deliveries(1);
     let task = spawn_with::<Streams, _, _, _>(source, &runner, {
@@ -261,7 +303,13 @@ async fn a_slow_healthy_consumer_has_nothing_taken_over_or_counted_twice() {
     })
     .await;
     task.abort();
+    thief.abort();
 
+    assert_eq!(
+        *stolen.lock().unwrap(),
+        Vec::<String>::new(),
+        "entries went idle for claim_idle and another consumer took them"
+    );
     assert_eq!(b.parked().await, vec![], "parked without being run");
     let runs = runs.lock().unwrap().clone();
     for id in &orders {

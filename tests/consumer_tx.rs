@@ -390,7 +390,7 @@ mod postgres {
         if let Some(ms) = e.fail.as_deref().and_then(|f| f.strip_prefix("idle-")) {
             // The server ends a session idle in its transaction for longer
             // than this: the handler's wait below is that idleness.
-            sqlx::query("SET LOCAL idle_in_transaction_session_timeout = '200ms'")
+            sqlx::query("SET LOCAL idle_in_transaction_session_timeout = '2s'")
                 .execute(&mut **tx)
                 .await?;
             tokio::time::sleep(Duration::from_millis(ms.parse().unwrap())).await;
@@ -480,8 +480,8 @@ mod postgres {
     }
 
     /// The server ends the session under the handler
-    /// (`idle_in_transaction_session_timeout`, 200 ms): one idle for 50 ms
-    /// commits and is acked; one idle for 600 ms is not acked, has written
+    /// (`idle_in_transaction_session_timeout`, 2 s): one idle for 50 ms
+    /// commits and is acked; one idle for 3 s is not acked, has written
     /// nothing, and its redelivery writes the settlement once.
     #[tokio::test]
     async fn a_session_the_server_ends_mid_transaction_is_not_acked() {
@@ -502,7 +502,7 @@ mod postgres {
         let over = order_id("idle-over");
         let action = runner
             .process_in_tx(
-                Memory::new(&payload(&over, Some("idle-600"))),
+                Memory::new(&payload(&over, Some("idle-3000"))),
                 store.pool(),
                 &handler,
             )
@@ -557,7 +557,16 @@ mod postgres {
             matches!(action, Action::Retried { attempt: 1, .. }),
             "{action:?}"
         );
-        assert_eq!(settlements(&store, &id).await, 1, "the COMMIT committed");
+        // The server may still be finishing the COMMIT it was sent.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while settlements(&store, &id).await == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the COMMIT never committed"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(settlements(&store, &id).await, 1);
         let action = runner
             .process_in_tx(
                 Memory::new(&payload(&id, None)).attempt(2),

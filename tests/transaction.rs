@@ -555,8 +555,8 @@ async fn sqlite_a_claim_that_waited_for_the_write_lock_starts_its_lease_when_it_
 }
 
 /// SQLite's one writer: a claim waits for another writer up to the store's
-/// `busy_timeout` (200 ms here). Held for 50 ms, the claim waits and wins;
-/// held for 800 ms, the claim fails closed with SQLite's reason (the call's
+/// `busy_timeout` (2 s here). Held for 50 ms, the claim waits and wins;
+/// held for 3 s, the claim fails closed with SQLite's reason (the call's
 /// body would not run), and once the writer is gone the key claims.
 #[tokio::test]
 async fn sqlite_a_writer_held_past_busy_timeout_fails_the_claim_closed() {
@@ -568,7 +568,7 @@ async fn sqlite_a_writer_held_past_busy_timeout_fails_the_claim_closed() {
         u64::from_le_bytes(Token::random().as_bytes()[..8].try_into().unwrap())
     ));
     let store = SqliteStore::builder()
-        .busy_timeout(Duration::from_millis(200))
+        .busy_timeout(Duration::from_secs(2))
         .open(&path)
         .await
         .unwrap();
@@ -590,7 +590,7 @@ async fn sqlite_a_writer_held_past_busy_timeout_fails_the_claim_closed() {
                 .await
         }
     };
-    for (held_ms, key) in [(50, key("busy-under")), (800, key("busy-over"))] {
+    for (held_ms, key) in [(50, key("busy-under")), (3_000, key("busy-over"))] {
         let mut writer = store.pool().begin().await.unwrap();
         sqlx::query("INSERT INTO holder (x) VALUES (1)")
             .execute(&mut *writer)
@@ -600,7 +600,7 @@ async fn sqlite_a_writer_held_past_busy_timeout_fails_the_claim_closed() {
         tokio::time::sleep(Duration::from_millis(held_ms)).await;
         writer.rollback().await.unwrap();
         let got = waiting.await.unwrap();
-        if held_ms < 200 {
+        if held_ms < 2_000 {
             assert!(matches!(got, Ok(Claim::Acquired { .. })), "{got:?}");
         } else {
             let err = got.expect_err("claimed past busy_timeout");

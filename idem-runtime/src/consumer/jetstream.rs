@@ -60,7 +60,7 @@
 //! | limit or odd answer | what NATS does | what idem does | test |
 //! |---|---|---|---|
 //! | `max_payload` (1 MiB by default) counts the header block and the payload | `-ERR 'Maximum Payload Violation'` and the connection closes; async-nats checks the size only on a plain `publish`, not on a JetStream publish with headers | the sink counts the header block (`NATS/1.0`, a line per header, `Nats-Msg-Id`) with the payload and fails an over-limit message alone | `tests/outbox/sinks.rs::jetstream_a_payload_over_max_payload_fails_alone` (at the limit and one byte over) |
-//! | a parked copy: the message's headers and payload plus `Idem-Reason`, `Idem-Deliveries`, `Idem-Stream` | the same `max_payload` rule | the reason is cut to fit, ending with `…`; when even a copy with no reason would be over (a message a few dozen bytes from the limit), `park` fails naming `max_payload` and sends nothing: the connection stays, the message stays unacked and comes back after `ack_wait` (and `run` returns that error, as for any failed park) | `tests/consumer_jetstream.rs::a_parked_copy_is_cut_to_max_payload` (a copy at the limit, one byte over, an original at the limit) |
+//! | a parked copy: the message's headers and payload plus `Idem-Reason`, `Idem-Deliveries`, `Idem-Stream` | the same `max_payload` rule | the reason is cut to fit, ending with `…`; when even a copy with no reason would be over, the copy leaves the message's own headers out but its id; when that is over too (a payload a few dozen bytes from the limit), `park` fails naming `max_payload` and sends nothing: the connection stays, the message stays unacked and comes back after `ack_wait` (and `run` returns that error, as for any failed park) | `tests/consumer_jetstream.rs::a_parked_copy_is_cut_to_max_payload` (a copy at the limit, one byte over, an original at the limit) |
 //! | header values end at CR or LF | async-nats writes a value as given (`HeaderMap::insert` does not check); a reader fails on a line without `:` (`malformed header line`) | `outbox::put` refuses CR, LF and NUL in values; the consumer writes its values (`Idem-Reason`, a multi-line `Debug` or panic message included, and `Idem-Stream`) on one line, `\`, CR, LF, tab and other control characters as Rust escapes, and [`parked`] reads them back as they were | put: `tests/outbox/scenarios.rs::outside_a_call_a_message_needs_an_id_and_a_repeated_id_is_one_row`; park: `tests/consumer_jetstream.rs::a_multi_line_reason_is_read_back_as_written` |
 //! | server-interpreted headers (`Nats-Expected-Stream`, `Nats-Expected-Last-Sequence`, `Nats-Expected-Last-Subject-Sequence`, `Nats-Rollup`…) are stored and delivered with the message; `Nats-` is the server's namespace, and releases add to it (`Nats-TTL` 2.11; `Nats-Incr`, `Nats-Batch-*`, `Nats-Schedule` 2.12) | applied to any publish carrying them (`expected stream does not match`, `rollup not permitted`) | a parked copy drops every `Nats-*` header but `Nats-Msg-Id`, which `parked` reads back and which stores a park sent twice (its ack lost) once; so a second park of one id inside the parking stream's duplicate window (2 min) is acked as a duplicate, and the first copy stands | `tests/consumer_jetstream.rs::a_parked_copy_drops_the_headers_the_server_acts_on` (plain, `Nats-Expected-Stream`, `Nats-Rollup`) |
 //! | subject syntax: no whitespace, no empty token, `*` and `>` only in subscriptions | refuses the publish (whitespace breaks the protocol line) | the sink fails such a topic alone, with the reason, before sending: the connection and the rest of the batch go on (sent, a space would split the protocol line and cost the connection, and the whole batch) | `idem-runtime/src/outbox/sink/jetstream.rs::tests::subjects_the_server_refuses_are_named`; `tests/outbox/sinks.rs::jetstream_subjects_the_server_refuses_fail_alone` |
@@ -165,7 +165,16 @@ pub async fn parked(
             Err(e) => return Err(broker(e)),
         };
         next = m.sequence + 1;
-        let header = |name: &str| m.headers.get(name).map(|v| unescaped(v.as_str()));
+        let escaped = m.headers.get(ESCAPED).is_some();
+        let header = |name: &str| {
+            m.headers.get(name).map(|v| {
+                if escaped {
+                    unescaped(v.as_str())
+                } else {
+                    v.as_str().to_owned()
+                }
+            })
+        };
         out.push(Parked {
             reason: header(REASON).unwrap_or_default(),
             // By the constant: a name given as text never matches a standard
@@ -188,6 +197,7 @@ pub async fn parked(
 const REASON: &str = "Idem-Reason";
 const DELIVERIES: &str = "Idem-Deliveries";
 const STREAM: &str = "Idem-Stream";
+const ESCAPED: &str = "Idem-Escaped";
 
 /// Settings of a [`JetStreamSource`] consumer.
 pub struct JetStreamBuilder {
@@ -408,6 +418,10 @@ impl Delivery for JetStreamDelivery {
 /// The headers of a message's parked copy: its own, less those the server
 /// acts on, plus why, how often and from where it was parked, with the
 /// reason cut so that the copy fits in `max_payload` (0: not known yet).
+///
+/// A copy that would not fit even without a reason leaves the message's own
+/// headers out (but its id) rather than fail: a park that fails leaves the
+/// message unacked, and it would stop its consumer at every delivery.
 fn parked_headers(
     original: Option<&HeaderMap>,
     reason: &str,
@@ -416,8 +430,42 @@ fn parked_headers(
     payload: usize,
     max_payload: usize,
 ) -> Result<HeaderMap, BrokerError> {
+    match copy_headers(
+        original,
+        false,
+        reason,
+        deliveries,
+        stream,
+        payload,
+        max_payload,
+    ) {
+        Err(_) if original.is_some() => copy_headers(
+            original,
+            true,
+            reason,
+            deliveries,
+            stream,
+            payload,
+            max_payload,
+        ),
+        done => done,
+    }
+}
+
+fn copy_headers(
+    original: Option<&HeaderMap>,
+    only_the_id: bool,
+    reason: &str,
+    deliveries: u32,
+    stream: &str,
+    payload: usize,
+    max_payload: usize,
+) -> Result<HeaderMap, BrokerError> {
     let mut headers = HeaderMap::new();
     for (name, values) in original.into_iter().flat_map(HeaderMap::iter) {
+        if only_the_id && AsRef::<str>::as_ref(name) != "Nats-Msg-Id" {
+            continue;
+        }
         // The server acts on headers named `Nats-…` (`Nats-Expected-Stream`,
         // `Nats-Rollup`, `Nats-TTL`, and more in each release), and the
         // parking stream is not the stream they were meant for: refused
@@ -437,6 +485,9 @@ fn parked_headers(
     }
     headers.insert(DELIVERIES, deliveries.to_string());
     headers.insert(STREAM, escaped(stream, usize::MAX));
+    // Says the values are escaped: copies parked before escaping began are
+    // read back as they were written.
+    headers.insert(ESCAPED, "1");
     headers.insert(REASON, "");
     // What the server counts against `max_payload`: the header block
     // (`NATS/1.0\r\n`, a `name: value\r\n` line per value, a blank line) and

@@ -138,30 +138,30 @@ where
     let db = |e| StoreError::new(<T::Database as dialect::Dialect>::BACKEND, "outbox", e);
     let conn = tx.outbox_connection();
     let (rows, ids) = in_statements(rows);
-    let mut inserted = Inserted::All;
     for chunk in &rows {
-        match <T::Database as dialect::Dialect>::insert(conn, chunk)
-            .await
-            .map_err(db)?
-        {
-            Inserted::All => {}
-            Inserted::SomeHeld => inserted = Inserted::SomeHeld,
-            Inserted::Refused => {
-                inserted = Inserted::Refused;
-                break;
-            }
-        }
-    }
-    // A derived id hashes the whole message, so the row holding it is this
-    // message. A caller's id may be held by another message, which the
-    // broker and every consumer would take this one for.
-    let explicit = || rows.iter().flatten().filter(|r| r.explicit);
-    if inserted != Inserted::All && explicit().next().is_some() {
-        let wanted: Vec<&str> = explicit().map(|r| r.id.as_str()).collect();
-        let stored = <T::Database as dialect::Dialect>::stored(conn, &wanted)
+        let inserted = <T::Database as dialect::Dialect>::insert(conn, chunk)
             .await
             .map_err(db)?;
-        let taken = explicit().find_map(|row| {
+        if inserted == Inserted::All {
+            continue;
+        }
+        // A derived id hashes the whole message, so the row holding it is
+        // this message. A caller's id may be held by another message, which
+        // the broker and every consumer would take this one for. Checked
+        // per statement, so the ids asked for stay under the same caps.
+        let wanted: Vec<&str> = chunk
+            .iter()
+            .filter(|r| r.explicit)
+            .map(|r| r.id.as_str())
+            .collect();
+        let stored = if wanted.is_empty() {
+            Vec::new()
+        } else {
+            <T::Database as dialect::Dialect>::stored(conn, &wanted)
+                .await
+                .map_err(db)?
+        };
+        let taken = chunk.iter().filter(|r| r.explicit).find_map(|row| {
             stored
                 .iter()
                 .filter(|s| s.wanted == row.id)
@@ -170,11 +170,12 @@ where
         });
         match taken {
             Some((id, part)) => return Err(OutboxError::IdTaken { id, part }),
-            // Only the database compared: it wrote nothing, so this is no
-            // success either.
+            // Only the database compared (MySQL's statement failed): it wrote
+            // nothing of this statement, so this is no success either.
             None if inserted == Inserted::Refused => {
+                let ids: Vec<&str> = chunk.iter().map(|r| r.id.as_str()).collect();
                 return Err(OutboxError::IdTaken {
-                    id: wanted.join(", "),
+                    id: ids.join(", "),
                     part: "content (as the database compares ids)",
                 });
             }
@@ -191,10 +192,14 @@ const ROWS_PER_STATEMENT: usize = 1_000;
 
 /// The most bytes of messages one insert statement carries: under MySQL's
 /// smallest default `max_allowed_packet` (4 MiB on MySQL 5.7 and 8.0 before
-/// 8.0.3; 16 MiB on MariaDB), past which the server drops the connection
+/// 8.0.3; 16 MiB on MariaDB) with room for the statement's text, past which the server drops the connection
 /// and with it the caller's transaction. A message larger than that goes
 /// alone, and on MySQL must fit the server's `max_allowed_packet` itself.
-const BYTES_PER_STATEMENT: usize = 4 << 20;
+const BYTES_PER_STATEMENT: usize = (4 << 20) - (64 << 10);
+
+/// What a row costs a statement beyond its bytes: its parameters' types and
+/// length prefixes (MySQL's execute packet), counted generously.
+const OVERHEAD_PER_ROW: usize = 64;
 
 /// The rows as the statements that write them, and their ids in the
 /// caller's order. A batch within one statement's bounds is that one
@@ -204,7 +209,8 @@ const BYTES_PER_STATEMENT: usize = 4 << 20;
 /// crosswise); a key's messages keep their order.
 fn in_statements(rows: Vec<NewRow>) -> (Vec<Vec<NewRow>>, Vec<MessageId>) {
     let size = |r: &NewRow| {
-        r.payload.len()
+        OVERHEAD_PER_ROW
+            + r.payload.len()
             + r.id.len()
             + r.topic.len()
             + r.ordering_key.as_ref().map_or(0, String::len)

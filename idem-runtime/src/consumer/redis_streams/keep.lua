@@ -16,16 +16,27 @@
 --
 -- Returns the ids kept: still this consumer's, idle time now 0.
 
-local kept = {}
+local ours = {}
 for i = 3, #ARGV do
   local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
   if p[1] and p[1][2] == ARGV[2] then
-    kept[#kept + 1] = ARGV[i]
+    ours[#ours + 1] = ARGV[i]
   end
 end
--- In slices: unpack is bounded by Lua's stack (a few thousand values).
-for first = 1, #kept, 1000 do
-  redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0,
-    unpack(kept, first, math.min(first + 999, #kept)), 'JUSTID')
+-- What XCLAIM answers, not what was asked: it leaves out an entry deleted
+-- from the stream meanwhile (XDEL, a trim), which must not be run.
+-- In slices of 1000 ids: unpack is bounded by Lua's stack. The arguments are
+-- built whole first: an `unpack(...)` followed by another argument expands
+-- to its first value only.
+local kept = {}
+for first = 1, #ours, 1000 do
+  local args = {'XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0}
+  for i = first, math.min(first + 999, #ours) do
+    args[#args + 1] = ours[i]
+  end
+  args[#args + 1] = 'JUSTID'
+  for _, id in ipairs(redis.call(unpack(args))) do
+    kept[#kept + 1] = id
+  end
 end
 return kept

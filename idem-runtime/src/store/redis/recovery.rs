@@ -125,13 +125,21 @@ impl Inner {
             .await?;
         if let Claim::Acquired { fence, .. } = claim {
             if started.elapsed() >= req.lease / 2 {
-                let _: i64 = redis::cmd("ZADD")
+                let indexed: Result<i64, _> = redis::cmd("ZADD")
                     .arg(&index)
                     .arg(due_after(lease))
                     .arg(&member)
                     .query_async(&mut self.conn())
-                    .await
-                    .map_err(|e| self.err_at(&index, e))?;
+                    .await;
+                if let Err(e) = indexed {
+                    // A claim a worker may never find must not stand: free
+                    // the key (best effort; the body has not run) and fail
+                    // the call as the store's error.
+                    let _ = self
+                        .fenced(&super::SCRIPTS.release, req.key, &[req.token.as_bytes()])
+                        .await;
+                    return Err(self.err_at(&index, e));
+                }
             }
             self.hold_record(req, super::record::processing_at(&head, fence, ttl, lease));
         }
