@@ -288,6 +288,25 @@ pub async fn release_frees_the_key(s: Subject) {
     assert!(second > first, "fence went from {first} to {second}");
 }
 
+/// A fresh key's first owner has fence 1, and each owner after it (a
+/// takeover of a run-out lease) one more: the fence counts the owners, which
+/// the Kafka consumer's delivery count rests on.
+pub async fn each_new_owner_raises_the_fence_by_one(s: Subject) {
+    let key = fresh_key("fence-count");
+    for owner in 1..=4u64 {
+        let claim = s
+            .store
+            .claim(s.request(&key, Token::random(), None))
+            .await
+            .unwrap();
+        let Claim::Acquired { fence, .. } = claim else {
+            panic!("owner {owner}: expected to acquire, got {claim:?}");
+        };
+        assert_eq!(fence, owner, "owner {owner}");
+        s.advance(4).await; // past the 3-unit lease
+    }
+}
+
 /// A claim whose lease ran out is taken over with a higher fence; the stale
 /// owner can then neither complete, release nor renew.
 pub async fn expired_lease_is_taken_over_and_fenced(s: Subject) {
@@ -977,6 +996,7 @@ macro_rules! conformance_suite {
                 outcomes_and_payloads_round_trip,
                 release_frees_the_key,
                 expired_lease_is_taken_over_and_fenced,
+                each_new_owner_raises_the_fence_by_one,
                 renewal_extends_the_lease,
                 renew_keeps_a_live_claim_past_its_ttl,
                 finished_records_have_no_owner,

@@ -30,6 +30,12 @@ pub fn rabbitmq_url() -> String {
     var("IDEM_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")
 }
 
+/// The Kafka-protocol brokers (`IDEM_KAFKA_BROKERS`, `host:port[,…]`;
+/// `scripts/test` starts Tansu there).
+pub fn kafka_brokers() -> String {
+    var("IDEM_KAFKA_BROKERS", "127.0.0.1:9092")
+}
+
 /// The NATS server with JetStream (`IDEM_NATS_URL`).
 pub fn nats_url() -> String {
     var("IDEM_NATS_URL", "nats://127.0.0.1:4222")

@@ -17,6 +17,8 @@
 
 #[cfg(feature = "jetstream")]
 mod jetstream;
+#[cfg(feature = "kafka")]
+mod kafka;
 mod memory;
 #[cfg(feature = "rabbitmq")]
 mod rabbitmq;
@@ -26,6 +28,9 @@ mod redis_streams;
 #[cfg(feature = "jetstream")]
 #[cfg_attr(docsrs, doc(cfg(feature = "jetstream")))]
 pub use jetstream::JetStreamSink;
+#[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+pub use kafka::KafkaSink;
 pub use memory::MemorySink;
 #[cfg(feature = "rabbitmq")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]

@@ -1,0 +1,636 @@
+//! Kafka consumer groups through rdkafka (feature `kafka`; librdkafka is
+//! built from source with the crate, no system library). The adapter speaks
+//! the Kafka protocol; the tests run it against Tansu, an Apache-2.0 broker
+//! of that protocol (see the limits below for where Tansu and Kafka differ).
+//!
+//! - **Order per partition.** A partition hands out its next message only
+//!   once the one before it was acked or parked, so an order's "created" runs
+//!   before its "cancelled"; partitions run side by side under
+//!   [`Runner::concurrency`](super::Runner::concurrency). A message to retry
+//!   goes back to the front of its partition and waits out its backoff there:
+//!   nothing after it runs, or is committed, before it.
+//! - **Offsets** are committed only after the runner's outcome for the
+//!   message is recorded (processed, replayed, parked), never by librdkafka on
+//!   its own (`enable.auto.commit=false`), one past the message: a
+//!   partition's commits follow its messages one by one.
+//! - **Rebalance.** A revoked partition's messages read and not handed out
+//!   are dropped; one in flight runs to its end but commits nothing (the
+//!   partition is another consumer's, which starts from the last commit, and
+//!   idem answers that redelivery: a replay, or `InProgress` while the first
+//!   still runs). A partition assigned again starts afresh.
+//! - **Counting deliveries.** Kafka keeps no count, so the count lives in the
+//!   idem store (the one given to [`KafkaBuilder::store`], else the installed
+//!   one) under the message's group, topic, partition and offset, written
+//!   before each delivery is handed out: a delivery that ended with its
+//!   process counts, and a message that kills its consumer every time is
+//!   parked at `max_deliveries`. That is one store write per delivery; the
+//!   count keys live [`keep_counts`](KafkaBuilder::keep_counts) (7 days).
+//! - **`InProgress`** keeps the message in flight and runs it again after the
+//!   delay, uncounted; a **retry** is counted.
+//! - **Parking** produces a copy to the parking topic (`<topic>.parked`
+//!   unless set) with the message's key and headers and `idem-reason`,
+//!   `idem-deliveries`, `idem-origin` (its topic) and `idem-position`
+//!   (`partition/offset` there), waits for
+//!   the broker's acknowledgement, then commits past the message. [`parked`]
+//!   reads them back.
+//! - **Message ids** come from the header `message-id` (the outbox's
+//!   `KafkaSink` sets it), so an [`Envelope`](super::Envelope) handler works
+//!   as on the other brokers.
+//!
+//! ```no_run
+//! use idem_runtime::consumer::Runner;
+//! use idem_runtime::consumer::kafka::KafkaSource;
+//!
+//! # #[derive(serde::Serialize, serde::Deserialize)] struct OrderPaid { order_id: String }
+//! # async fn settle(e: OrderPaid) -> Result<(), std::io::Error> { Ok(()) }
+//! # async fn go(store: idem_runtime::store::memory::MemoryStore) -> Result<(), Box<dyn std::error::Error>> {
+//! // Kafka (feature `kafka`)
+//! let source = KafkaSource::builder("127.0.0.1:9092", "orders", "settlement")
+//!     .store(store)
+//!     .connect()
+//!     .await?;
+//! Runner::new().concurrency(8).run(source, settle).await; // returns when the broker fails
+//! # Ok(()) }
+//! ```
+
+mod count;
+mod partitions;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
+};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientContext, Message as _, Offset, TopicPartitionList};
+use serde::Serialize;
+use tokio::sync::Notify;
+
+use super::{BrokerError, Delivery, Parked, Source};
+use crate::store::{AsStore, StoreRef};
+use partitions::{Flow, Out, Partitions, Tp};
+
+/// The header holding the message id, when the publisher set one (the
+/// outbox's relay always does); see [`Delivery::message_id`].
+pub const MESSAGE_ID_HEADER: &str = "message-id";
+
+// The headers a parked copy carries besides the message's own.
+const REASON_HEADER: &str = "idem-reason";
+const DELIVERIES_HEADER: &str = "idem-deliveries";
+const ORIGIN_HEADER: &str = "idem-origin";
+const POSITION_HEADER: &str = "idem-position";
+
+fn broker(e: impl std::error::Error + Send + Sync + 'static) -> BrokerError {
+    BrokerError::new("kafka", e)
+}
+
+/// A producer for `publish`, `publish_raw` and the outbox's sink: the
+/// idempotent producer (`enable.idempotence`, so a retried send inside the
+/// client is written once), acknowledged by every in-sync replica.
+///
+/// ```no_run
+/// let producer = idem_runtime::consumer::kafka::producer("127.0.0.1:9092")?;
+/// # Ok::<(), idem_runtime::consumer::BrokerError>(())
+/// ```
+pub fn producer(brokers: &str) -> Result<FutureProducer, BrokerError> {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .create()
+        .map_err(broker)
+}
+
+/// Sends `message` as JSON to `topic` under `key` (a key's messages go to one
+/// partition, in order) and returns its partition and offset.
+pub async fn publish<M: Serialize + ?Sized>(
+    producer: &FutureProducer,
+    topic: &str,
+    key: Option<&str>,
+    message: &M,
+) -> Result<(i32, i64), BrokerError> {
+    let body = serde_json::to_vec(message).map_err(broker)?;
+    publish_raw(producer, topic, key, &body, None).await
+}
+
+/// Sends `payload` as it is (a test's poison message is bytes that do not
+/// decode), with the id in the header [`MESSAGE_ID_HEADER`] when given.
+///
+/// ```no_run
+/// use idem_runtime::consumer::kafka;
+///
+/// # async fn go() -> Result<(), idem_runtime::consumer::BrokerError> {
+/// let producer = kafka::producer("127.0.0.1:9092")?;
+/// kafka::publish_raw(&producer, "orders", Some("order-7"), b"{\"order_id\": 7", Some("m-1")).await?;
+/// # Ok(()) }
+/// ```
+pub async fn publish_raw(
+    producer: &FutureProducer,
+    topic: &str,
+    key: Option<&str>,
+    payload: &[u8],
+    message_id: Option<&str>,
+) -> Result<(i32, i64), BrokerError> {
+    let mut record = FutureRecord::<str, [u8]>::to(topic).payload(payload);
+    if let Some(key) = key {
+        record = record.key(key);
+    }
+    if let Some(id) = message_id {
+        record = record.headers(OwnedHeaders::new().insert(Header {
+            key: MESSAGE_ID_HEADER,
+            value: Some(id),
+        }));
+    }
+    let delivery = producer
+        .send(record, Duration::from_secs(30))
+        .await
+        .map_err(|(e, _)| broker(e))?;
+    Ok((delivery.partition, delivery.offset))
+}
+
+/// Up to `count` messages of `parking_topic`, oldest first per partition,
+/// each with why it was parked. Reads with a consumer of no group (nothing
+/// is committed, the parked copies stay), until `count` are read or none
+/// came for `quiet`.
+///
+/// ```no_run
+/// # async fn go() -> Result<(), idem_runtime::consumer::BrokerError> {
+/// use std::time::Duration;
+/// let parked = idem_runtime::consumer::kafka::parked("127.0.0.1:9092", "orders.parked", 100, Duration::from_secs(2)).await?;
+/// for p in parked {
+///     println!("{:?}: {}", p.message_id, p.reason);
+/// }
+/// # Ok(()) }
+/// ```
+pub async fn parked(
+    brokers: &str,
+    parking_topic: &str,
+    count: usize,
+    quiet: Duration,
+) -> Result<Vec<Parked>, BrokerError> {
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", "idem-parked-reader")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .create()
+        .map_err(broker)?;
+    let metadata = consumer
+        .fetch_metadata(Some(parking_topic), Duration::from_secs(10))
+        .map_err(broker)?;
+    let mut assignment = TopicPartitionList::new();
+    for topic in metadata.topics() {
+        for p in topic.partitions() {
+            assignment
+                .add_partition_offset(parking_topic, p.id(), Offset::Beginning)
+                .map_err(broker)?;
+        }
+    }
+    // Assigned by hand: no group to join, no commit.
+    consumer.assign(&assignment).map_err(broker)?;
+    let mut found = Vec::new();
+    while found.len() < count {
+        let message = match tokio::time::timeout(quiet, consumer.recv()).await {
+            Err(_) => break,
+            Ok(m) => m.map_err(broker)?,
+        };
+        found.push(parked_copy(&message.detach()));
+    }
+    Ok(found)
+}
+
+fn parked_copy(m: &OwnedMessage) -> Parked {
+    let header = |name: &str| {
+        m.headers().and_then(|h| {
+            h.iter()
+                .find(|h| h.key == name)
+                .and_then(|h| h.value)
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+        })
+    };
+    let mut p = Parked::new(
+        m.payload().unwrap_or_default(),
+        header(REASON_HEADER).unwrap_or_default(),
+    );
+    p.message_id = header(MESSAGE_ID_HEADER);
+    p.origin = header(ORIGIN_HEADER);
+    p.deliveries = header(DELIVERIES_HEADER).and_then(|d| d.parse().ok());
+    p.parked_at = m
+        .timestamp()
+        .to_millis()
+        .and_then(|ms| u64::try_from(ms).ok())
+        .map(|ms| UNIX_EPOCH + Duration::from_millis(ms));
+    p.position = Some(format!("{}/{}", m.partition(), m.offset()));
+    p
+}
+
+/// What the consumer's threads and its deliveries share.
+struct Shared {
+    partitions: Mutex<Partitions>,
+    /// A partition went free, or a message was put back.
+    wake: Notify,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Partitions> {
+        self.partitions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Follows the group's assignment: librdkafka calls it on a rebalance.
+struct Rebalancing {
+    shared: Arc<Shared>,
+}
+
+impl ClientContext for Rebalancing {}
+
+impl ConsumerContext for Rebalancing {
+    fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let mut partitions = self.shared.lock();
+        match rebalance {
+            Rebalance::Revoke(list) => {
+                for e in list.elements() {
+                    partitions.revoke(&(Arc::from(e.topic()), e.partition()));
+                }
+            }
+            Rebalance::Assign(list) => {
+                for e in list.elements() {
+                    partitions.assign((Arc::from(e.topic()), e.partition()));
+                }
+            }
+            Rebalance::Error(e) => tracing::warn!(error = %e, "kafka rebalance failed"),
+        }
+        drop(partitions);
+        self.shared.wake.notify_one();
+    }
+}
+
+type Client = StreamConsumer<Rebalancing>;
+
+/// Settings of a [`KafkaSource`].
+pub struct KafkaBuilder {
+    config: ClientConfig,
+    topic: String,
+    group: String,
+    parking: String,
+    store: Option<StoreRef>,
+    keep_counts: Duration,
+}
+
+impl KafkaBuilder {
+    /// Any librdkafka setting (`session.timeout.ms`, `security.protocol`,
+    /// …). `group.id`, `enable.auto.commit` and `enable.auto.offset.store`
+    /// are the adapter's own.
+    pub fn set(mut self, key: &str, value: impl Into<String>) -> Self {
+        self.config.set(key, value);
+        self
+    }
+
+    /// Where parked copies go (default `<topic>.parked`).
+    pub fn parking_topic(mut self, topic: impl Into<String>) -> Self {
+        self.parking = topic.into();
+        self
+    }
+
+    /// The store delivery counts are kept in (default: the installed one).
+    pub fn store(mut self, store: impl AsStore) -> Self {
+        self.store = Some(store.store_ref());
+        self
+    }
+
+    /// How long a message's delivery count is kept (default 7 days): longer
+    /// than a message can stay unprocessed in its partition.
+    pub fn keep_counts(mut self, keep: Duration) -> Self {
+        self.keep_counts = keep;
+        self
+    }
+
+    /// Joins the group (its first assignment comes with the first
+    /// [`Source::next`]) and opens the producer parked copies go through.
+    pub async fn connect(mut self) -> Result<KafkaSource, BrokerError> {
+        let store = self
+            .store
+            .take()
+            .or_else(crate::install::default_store)
+            .ok_or_else(|| {
+                broker(std::io::Error::other(
+                    "the Kafka consumer counts deliveries in an idem store: give one with \
+                     `.store(…)` or install one with `idem_runtime::install`",
+                ))
+            })?;
+        let brokers = self
+            .config
+            .get("bootstrap.servers")
+            .unwrap_or_default()
+            .to_owned();
+        let shared = Arc::new(Shared {
+            partitions: Mutex::default(),
+            wake: Notify::new(),
+        });
+        let consumer: Client = self
+            .config
+            .set("group.id", &self.group)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .create_with_context(Rebalancing {
+                shared: shared.clone(),
+            })
+            .map_err(broker)?;
+        consumer.subscribe(&[&self.topic]).map_err(broker)?;
+        let producer = producer(&brokers)?;
+        Ok(KafkaSource {
+            link: Arc::new(Link {
+                consumer,
+                shared,
+                producer,
+                store,
+                group: self.group,
+                parking: self.parking,
+                keep_counts: self.keep_counts,
+            }),
+        })
+    }
+}
+
+/// What a source and its deliveries hold.
+struct Link {
+    consumer: Client,
+    shared: Arc<Shared>,
+    producer: FutureProducer,
+    store: StoreRef,
+    group: String,
+    parking: String,
+    keep_counts: Duration,
+}
+
+impl Link {
+    fn flow(&self, tp: &Tp, flow: Flow) {
+        if !flow.pause && !flow.resume {
+            return;
+        }
+        let mut list = TopicPartitionList::new();
+        list.add_partition(&tp.0, tp.1);
+        let done = if flow.pause {
+            self.consumer.pause(&list)
+        } else {
+            self.consumer.resume(&list)
+        };
+        if let Err(e) = done {
+            tracing::warn!(topic = %tp.0, partition = tp.1, error = %e, "kafka pause or resume failed");
+        }
+    }
+}
+
+/// One member of a Kafka consumer group: a [`Source`] for
+/// [`super::Runner`].
+pub struct KafkaSource {
+    link: Arc<Link>,
+}
+
+impl KafkaSource {
+    /// A member of `group` reading `topic` from the brokers at `brokers`
+    /// (`host:port[,host:port…]`). A group new to the topic starts at its
+    /// beginning (`auto.offset.reset=earliest`; change it with `set`).
+    pub fn builder(brokers: &str, topic: &str, group: &str) -> KafkaBuilder {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", brokers)
+            .set("auto.offset.reset", "earliest");
+        KafkaBuilder {
+            config,
+            topic: topic.to_owned(),
+            group: group.to_owned(),
+            parking: format!("{topic}.parked"),
+            store: None,
+            keep_counts: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+
+    async fn hand_out(&self, out: Out) -> Result<KafkaDelivery, Out> {
+        let l = &self.link;
+        let m = &out.waiting.message;
+        let key = count::key(&l.group, m.topic(), m.partition(), m.offset());
+        match count::one_more(&l.store, &key, l.keep_counts).await {
+            Ok(attempt) => {
+                let message_id = m.headers().and_then(|h| {
+                    h.iter()
+                        .find(|h| h.key == MESSAGE_ID_HEADER)
+                        .and_then(|h| h.value)
+                        .and_then(|v| std::str::from_utf8(v).ok())
+                        .map(str::to_owned)
+                });
+                Ok(KafkaDelivery {
+                    link: l.clone(),
+                    out: Some(out),
+                    attempt,
+                    message_id,
+                })
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not count a Kafka delivery; trying again in 1 s");
+                Err(out)
+            }
+        }
+    }
+}
+
+/// A consumer error worth waiting out: the client reconnects by itself.
+fn transient(e: &KafkaError) -> bool {
+    !matches!(e.rdkafka_error_code(), Some(RDKafkaErrorCode::Fatal))
+}
+
+#[async_trait::async_trait]
+impl Source for KafkaSource {
+    type Delivery = KafkaDelivery;
+
+    async fn next(&mut self) -> Result<KafkaDelivery, BrokerError> {
+        loop {
+            let ready = self.link.shared.lock().take_ready(Instant::now());
+            if let Some((out, flow)) = ready {
+                self.link.flow(&out.tp, flow);
+                match self.hand_out(out).await {
+                    Ok(delivery) => return Ok(delivery),
+                    Err(out) => {
+                        let later = Instant::now() + Duration::from_secs(1);
+                        self.link.shared.lock().put_back(out, later);
+                        continue;
+                    }
+                }
+            }
+            let due = self.link.shared.lock().next_due();
+            let wait_due = async {
+                match due {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                read = self.link.consumer.recv() => match read {
+                    Ok(m) => {
+                        let m = m.detach();
+                        let tp: Tp = (Arc::from(m.topic()), m.partition());
+                        let flow = self.link.shared.lock().push(m);
+                        self.link.flow(&tp, flow);
+                    }
+                    Err(e) if transient(&e) => {
+                        tracing::warn!(error = %e, "kafka consumer error; going on");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    Err(e) => return Err(broker(e)),
+                },
+                () = self.link.shared.wake.notified() => {}
+                () = wait_due => {}
+            }
+        }
+    }
+}
+
+/// One message handed to this consumer.
+pub struct KafkaDelivery {
+    link: Arc<Link>,
+    /// `None` once acked, parked or put back.
+    out: Option<Out>,
+    attempt: u32,
+    message_id: Option<String>,
+}
+
+impl KafkaDelivery {
+    /// The message's topic, partition and offset.
+    pub fn position(&self) -> Option<(&str, i32, i64)> {
+        self.out.as_ref().map(|o| {
+            let m = &o.waiting.message;
+            (m.topic(), m.partition(), m.offset())
+        })
+    }
+
+    /// The partition goes on; commits past the message while it is still
+    /// this consumer's.
+    fn commit_past(&mut self) -> Result<(), BrokerError> {
+        let Some(out) = self.out.take() else {
+            return Ok(());
+        };
+        let m = &out.waiting.message;
+        let l = &self.link;
+        let committed = {
+            // Held across the commit's enqueueing: a rebalance waits for it,
+            // so a partition is never committed after its revoke.
+            let mut partitions = l.shared.lock();
+            if partitions.done(&out.tp, out.epoch) {
+                let mut list = TopicPartitionList::new();
+                list.add_partition_offset(m.topic(), m.partition(), Offset::Offset(m.offset() + 1))
+                    .map_err(broker)?;
+                l.consumer.commit(&list, CommitMode::Async).map_err(broker)
+            } else {
+                Ok(())
+            }
+        };
+        l.shared.wake.notify_one();
+        committed
+    }
+}
+
+impl Drop for KafkaDelivery {
+    /// Dropped without a verdict (its runner's future was dropped): the
+    /// message goes back to the front of its partition, to be handed out
+    /// again, counted, as after a crash.
+    fn drop(&mut self) {
+        if let Some(out) = self.out.take() {
+            self.link.shared.lock().put_back(out, Instant::now());
+            self.link.shared.wake.notify_one();
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Delivery for KafkaDelivery {
+    fn payload(&self) -> Option<&[u8]> {
+        self.out.as_ref().and_then(|o| o.waiting.message.payload())
+    }
+
+    fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    fn message_id(&self) -> Option<&str> {
+        self.message_id.as_deref()
+    }
+
+    async fn ack(mut self) -> Result<(), BrokerError> {
+        self.commit_past()
+    }
+
+    async fn retry(mut self, after: Duration) -> Result<(), BrokerError> {
+        if let Some(out) = self.out.take() {
+            self.link
+                .shared
+                .lock()
+                .put_back(out, Instant::now() + after);
+            self.link.shared.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    async fn defer(self, after: Duration) -> Result<Option<Self>, BrokerError> {
+        // Kafka cannot hold a message back uncounted: keep it, wait, run it
+        // again (its partition waits too, as its order asks).
+        tokio::time::sleep(after).await;
+        Ok(Some(self))
+    }
+
+    async fn park(mut self, reason: &str) -> Result<(), BrokerError> {
+        let Some(out) = self.out.as_ref() else {
+            return Ok(());
+        };
+        let m = &out.waiting.message;
+        let deliveries = self.attempt.to_string();
+        let position = format!("{}/{}", m.partition(), m.offset());
+        let mut headers = OwnedHeaders::new();
+        if let Some(own) = m.headers() {
+            for h in own.iter() {
+                if ![
+                    REASON_HEADER,
+                    DELIVERIES_HEADER,
+                    ORIGIN_HEADER,
+                    POSITION_HEADER,
+                ]
+                .contains(&h.key)
+                {
+                    headers = headers.insert(h);
+                }
+            }
+        }
+        let headers = headers
+            .insert(Header {
+                key: REASON_HEADER,
+                value: Some(reason),
+            })
+            .insert(Header {
+                key: DELIVERIES_HEADER,
+                value: Some(&deliveries),
+            })
+            .insert(Header {
+                key: ORIGIN_HEADER,
+                value: Some(m.topic()),
+            })
+            .insert(Header {
+                key: POSITION_HEADER,
+                value: Some(&position),
+            });
+        let mut record = FutureRecord::<[u8], [u8]>::to(&self.link.parking)
+            .payload(m.payload().unwrap_or_default())
+            .headers(headers);
+        if let Some(key) = m.key() {
+            record = record.key(key);
+        }
+        self.link
+            .producer
+            .send(record, Duration::from_secs(30))
+            .await
+            .map_err(|(e, _)| broker(e))?;
+        self.commit_past()
+    }
+}

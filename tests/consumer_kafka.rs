@@ -1,0 +1,268 @@
+//! The consumer scenarios on Kafka (a consumer group on the Kafka-protocol
+//! broker at `IDEM_KAFKA_BROKERS`, Tansu in `scripts/test`), each on a topic
+//! and a group of its own, and what only Kafka has: order per partition.
+//!
+//! Tansu's memory engine reports wrong high-water marks, so nothing here
+//! rests on them: what was published is known from the producer's own
+//! acknowledgements, and `drained` compares the group's commits with that.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem_runtime::consumer::Parked;
+use idem_runtime::consumer::kafka::{self, KafkaSource};
+use idem_runtime::store::memory::MemoryStore;
+use idem_tests::consumer::*;
+use idem_tests::services;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+
+const PARTITIONS: i32 = 3;
+
+struct Kafka {
+    brokers: String,
+    producer: FutureProducer,
+    topic: String,
+    group: String,
+    /// Where deliveries are counted: one per test, shared by its consumers.
+    counts: MemoryStore,
+    /// The highest offset published per partition.
+    published: Mutex<HashMap<i32, i64>>,
+    next_partition: Mutex<i32>,
+}
+
+async fn create_topic(brokers: &str, topic: &str, partitions: i32) -> Result<(), String> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .map_err(|e| e.to_string())?;
+    let made = admin
+        .create_topics(
+            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    for r in made {
+        r.map_err(|(t, e)| format!("{t}: {e}"))?;
+    }
+    Ok(())
+}
+
+impl Kafka {
+    async fn new() -> Option<Kafka> {
+        let brokers = services::kafka_brokers();
+        let topic = format!("idem-test-consumer-{}", suffix());
+        let created = async {
+            create_topic(&brokers, &topic, PARTITIONS).await?;
+            create_topic(&brokers, &format!("{topic}.parked"), 1).await
+        };
+        services::reachable("Kafka", &brokers, created.await)?;
+        Some(Kafka {
+            producer: kafka::producer(&brokers).unwrap(),
+            group: format!("{topic}-group"),
+            brokers,
+            topic,
+            counts: MemoryStore::new(),
+            published: Mutex::default(),
+            next_partition: Mutex::default(),
+        })
+    }
+
+    fn note(&self, (partition, offset): (i32, i64)) {
+        let mut published = self.published.lock().unwrap();
+        let top = published.entry(partition).or_insert(offset);
+        *top = (*top).max(offset);
+    }
+}
+
+#[async_trait::async_trait]
+impl Broker for Kafka {
+    type Src = KafkaSource;
+
+    /// Round the partitions, not by key: the shared scenarios send one order
+    /// twice to have both copies in flight at once, which one partition (in
+    /// order, one at a time) never does. `kafka::publish` by key is what
+    /// `order_is_kept_per_partition_under_concurrency` uses.
+    async fn publish(&self, order: &OrderPaid) {
+        let partition = {
+            let mut next = self.next_partition.lock().unwrap();
+            *next = (*next + 1) % PARTITIONS;
+            *next
+        };
+        let body = serde_json::to_vec(order).unwrap();
+        let sent = self
+            .producer
+            .send(
+                FutureRecord::<str, [u8]>::to(&self.topic)
+                    .partition(partition)
+                    .key(&order.order_id)
+                    .payload(&body),
+                Duration::from_secs(30),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+        self.note((sent.partition, sent.offset));
+    }
+
+    async fn publish_raw(&self, body: &[u8], message_id: Option<&str>) {
+        let at = kafka::publish_raw(&self.producer, &self.topic, None, body, message_id)
+            .await
+            .unwrap();
+        self.note(at);
+    }
+
+    async fn consumer(&self, name: &str) -> KafkaSource {
+        KafkaSource::builder(&self.brokers, &self.topic, &self.group)
+            .store(self.counts.clone())
+            .set("client.id", name)
+            // A member that stops heartbeating loses its partitions soon.
+            .set("session.timeout.ms", "6000")
+            .set("heartbeat.interval.ms", "500")
+            .connect()
+            .await
+            .unwrap()
+    }
+
+    async fn parked(&self) -> Vec<Parked> {
+        kafka::parked(
+            &self.brokers,
+            &format!("{}.parked", self.topic),
+            1000,
+            Duration::from_secs(2),
+        )
+        .await
+        .unwrap()
+    }
+
+    fn origin(&self) -> String {
+        self.topic.clone()
+    }
+
+    async fn drained(&self) -> bool {
+        let published = self.published.lock().unwrap().clone();
+        let reader: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .set("group.id", &self.group)
+            .create()
+            .unwrap();
+        let mut list = TopicPartitionList::new();
+        for p in 0..PARTITIONS {
+            list.add_partition(&self.topic, p);
+        }
+        let Ok(committed) = reader.committed_offsets(list, Duration::from_secs(5)) else {
+            return false;
+        };
+        published.iter().all(|(p, top)| {
+            committed
+                .find_partition(&self.topic, *p)
+                .is_some_and(|e| matches!(e.offset(), Offset::Offset(o) if o > *top))
+        })
+    }
+
+    async fn cleanup(&self) {}
+
+    fn child_args(&self) -> Vec<String> {
+        vec!["kafka".into(), self.topic.clone(), self.group.clone()]
+    }
+}
+
+#[tokio::test]
+async fn duplicate_publish_is_processed_once() {
+    let Some(b) = Kafka::new().await else { return };
+    idem_tests::consumer::duplicate_publish_is_processed_once(b).await;
+}
+
+#[tokio::test]
+async fn poison_is_parked() {
+    let Some(b) = Kafka::new().await else { return };
+    idem_tests::consumer::poison_is_parked(b).await;
+}
+
+#[tokio::test]
+async fn effect_after_the_call_is_not_lost() {
+    let Some(b) = Kafka::new().await else { return };
+    idem_tests::consumer::effect_after_the_call_is_not_lost(b).await;
+}
+
+#[tokio::test]
+async fn undecodable_bytes_are_parked_as_published() {
+    let Some(b) = Kafka::new().await else { return };
+    idem_tests::consumer::undecodable_bytes_are_parked_as_published(b).await;
+}
+
+#[tokio::test]
+async fn failing_handler_is_parked_with_its_error() {
+    let Some(b) = Kafka::new().await else { return };
+    idem_tests::consumer::failing_handler_is_parked_with_its_error(b).await;
+}
+
+#[tokio::test]
+async fn one_key_twice_in_flight_runs_once() {
+    let Some(b) = Kafka::new().await else { return };
+    idem_tests::consumer::one_key_twice_in_flight_runs_once(b).await;
+}
+
+/// Kafka's promise: within a partition, messages are handled in offset
+/// order, one at a time, under `concurrency(8)`; partitions overlap. 300
+/// messages over 30 keys spread on 3 partitions: each key's messages are
+/// handled in the order they were published, and more than one partition
+/// was in flight at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn order_is_kept_per_partition_under_concurrency() {
+    let Some(b) = Kafka::new().await else { return };
+    let mut sent: HashMap<String, Vec<u64>> = HashMap::new();
+    for i in 0..300u64 {
+        let key = format!("key-{}", i % 30);
+        let order = OrderPaid {
+            order_id: format!("{key}#{i}"),
+            amount: i,
+        };
+        let at = kafka::publish(&b.producer, &b.topic, Some(&key), &order)
+            .await
+            .unwrap();
+        b.note(at);
+        sent.entry(key).or_default().push(i);
+    }
+    let seen: Arc<Mutex<HashMap<String, Vec<u64>>>> = Arc::default();
+    let running = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let most = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let runner = runner().concurrency(8);
+    let task = spawn_with::<Kafka, _, _, _>(b.consumer("ordered").await, &runner, {
+        let (seen, running, most) = (seen.clone(), running.clone(), most.clone());
+        move |e: OrderPaid| {
+            let (seen, running, most) = (seen.clone(), running.clone(), most.clone());
+            async move {
+                use std::sync::atomic::Ordering::SeqCst;
+                let now = running.fetch_add(1, SeqCst) + 1;
+                most.fetch_max(now, SeqCst);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                let key = e.order_id.split('#').next().unwrap().to_owned();
+                seen.lock().unwrap().entry(key).or_default().push(e.amount);
+                running.fetch_sub(1, SeqCst);
+                Ok::<_, SettleError>(())
+            }
+        }
+    });
+    eventually("all 300 are handled and committed", || async {
+        runner.stats().acked >= 300 && b.drained().await
+    })
+    .await;
+    task.abort();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        sent,
+        "each key in publish order, once"
+    );
+    let most = most.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        (2..=PARTITIONS as u32).contains(&most),
+        "partitions overlap, one message each at a time: {most} at once"
+    );
+}
