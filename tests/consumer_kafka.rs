@@ -204,6 +204,37 @@ async fn failing_handler_is_parked_with_its_error() {
 }
 
 #[tokio::test]
+async fn dead_consumer_is_taken_over() {
+    let Some(b) = Kafka::new().await else { return };
+    idem_tests::consumer::dead_consumer_is_taken_over(b).await;
+}
+
+#[tokio::test]
+async fn replay_a_day_later_is_deduplicated() {
+    let Some(b) = Kafka::new().await else { return };
+    idem_tests::consumer::replay_a_day_later_is_deduplicated(b).await;
+}
+
+/// Two members of one group: the second joins while the first consumes (a
+/// rebalance moves partitions between them); each order settles once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_consumers_settle_each_order_once() {
+    let Some(b) = Kafka::new().await else { return };
+    idem_tests::consumer::two_consumers_settle_each_order_once(b).await;
+}
+
+#[test]
+fn in_progress_is_not_a_failure() {
+    idem_tests::consumer::in_progress_is_not_a_failure(async { Kafka::new().await });
+}
+
+#[tokio::test]
+async fn crash_and_panic_are_parked() {
+    let Some(b) = Kafka::new().await else { return };
+    idem_tests::consumer::crash_and_panic_are_parked(env!("CARGO_BIN_EXE_consumer_crash"), b).await;
+}
+
+#[tokio::test]
 async fn one_key_twice_in_flight_runs_once() {
     let Some(b) = Kafka::new().await else { return };
     idem_tests::consumer::one_key_twice_in_flight_runs_once(b).await;

@@ -1145,3 +1145,100 @@ async fn redis_streams_max_len_below_the_backlog_trims_entries_no_group_has_read
         db.drop().await;
     }
 }
+
+// ---- Kafka (issue 31): the sink into a Kafka-protocol broker (Tansu in
+// `scripts/test`), read back by the Kafka consumer keyed on the id. ----
+
+async fn kafka_topic(partitions: i32) -> Option<(String, String)> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let brokers = services::kafka_brokers();
+    let topic = format!("idem-test-outbox-{}", tag());
+    let created = async {
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+            rdkafka::config::ClientConfig::new()
+                .set("bootstrap.servers", &brokers)
+                .create()
+                .map_err(|e| e.to_string())?;
+        let made = admin
+            .create_topics(
+                &[NewTopic::new(
+                    &topic,
+                    partitions,
+                    TopicReplication::Fixed(1),
+                )],
+                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        made.into_iter()
+            .try_for_each(|r| r.map(drop).map_err(|(t, e)| format!("{t}: {e}")))
+    };
+    services::reachable("Kafka", &brokers, created.await)?;
+    Some((brokers, topic))
+}
+
+/// The relay publishes into Kafka with the id in the `message-id` header and
+/// the message's headers; a message published twice (its relay died before
+/// marking it) is applied once by an `Envelope` consumer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafka_carries_the_id_and_a_republished_message_is_applied_once() {
+    use idem_runtime::consumer::kafka::KafkaSource;
+    use idem_runtime::outbox::sink::KafkaSink;
+
+    let Some(db) = postgres().await else { return };
+    let Some((brokers, topic)) = kafka_topic(3).await else {
+        return;
+    };
+    let ids: Vec<String> = (0..3).map(|i| format!("{topic}-{i}")).collect();
+    write(&db.pool, &topic, &ids).await;
+    relay_all(&db.pool, KafkaSink::connect(&brokers).unwrap(), 3).await;
+    unmark(&db.pool, &ids[0]).await;
+    relay_all(&db.pool, KafkaSink::connect(&brokers).unwrap(), 1).await;
+
+    let mut source = KafkaSource::builder(&brokers, &topic, &format!("{topic}-apply"))
+        .store(idem_runtime::store::memory::MemoryStore::new())
+        // Tansu holds a first join for about the session timeout.
+        .set("session.timeout.ms", "6000")
+        .connect()
+        .await
+        .unwrap();
+    let actions = consume(&mut source, 4).await;
+    assert_eq!(dedup_count(&actions), (3, 1), "{actions:?}");
+    assert!(ids.iter().all(|id| applied(id) == 1));
+    db.drop().await;
+}
+
+/// A message over the producer's `message.max.bytes` (1 000 000 bytes by
+/// default) is refused by the client before it is sent: it fails alone, with
+/// the reason, and the batch around it is published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafka_a_message_over_message_max_bytes_fails_alone() {
+    use idem_runtime::outbox::sink::KafkaSink;
+
+    let Some(db) = postgres().await else { return };
+    let Some((brokers, topic)) = kafka_topic(1).await else {
+        return;
+    };
+    let small: Vec<String> = (0..3).map(|i| format!("{topic}-small-{i}")).collect();
+    write(&db.pool, &topic, &small).await;
+    let (under, over) = (format!("{topic}-under"), format!("{topic}-over"));
+    let mut tx = db.pool.begin().await.unwrap();
+    for (id, bytes) in [(&under, 900_000), (&over, 1_000_001)] {
+        outbox::put(
+            &mut tx,
+            Message::bytes(topic.as_str(), vec![b'x'; bytes]).id(id.as_str()),
+        )
+        .await
+        .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let relay = Relay::builder(db.pool.clone(), KafkaSink::connect(&brokers).unwrap())
+        .batch(10)
+        .build();
+    let round = relay.run_once().await.unwrap();
+    assert_eq!((round.published, round.failed), (4, 1), "{round:?}");
+    let (id, reason) = the_one_pending(&db.pool).await;
+    assert_eq!(id, over);
+    assert!(reason.to_lowercase().contains("size"), "{reason}");
+    db.drop().await;
+}

@@ -651,6 +651,7 @@ mod tests {
             names,
             [
                 "Idem-Deliveries",
+                "Idem-Escaped",
                 "Idem-Reason",
                 "Idem-Stream",
                 "Nats-Msg-Id",

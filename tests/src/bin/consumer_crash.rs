@@ -6,6 +6,7 @@
 //! consumer_crash <consumer name> <redis key prefix> redis <stream> <group>
 //! consumer_crash <consumer name> <redis key prefix> rabbitmq <queue>
 //! consumer_crash <consumer name> <redis key prefix> nats <stream> <parking subject>
+//! consumer_crash <consumer name> <redis key prefix> kafka <topic> <group>
 //! ```
 //!
 //! The handler's idem records and what it did live in Redis under the prefix
@@ -24,6 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::consumer::jetstream::JetStreamSource;
+use idem_runtime::consumer::kafka::KafkaSource;
 use idem_runtime::consumer::rabbitmq::{self, RabbitMqSource};
 use idem_runtime::consumer::redis_streams::RedisStreamsSource;
 use idem_runtime::consumer::{BrokerError, Delivery, Runner, Source};
@@ -174,6 +176,18 @@ async fn run(args: &[String]) -> Result<BrokerError, Box<dyn std::error::Error>>
             let source = JetStreamSource::builder(stream, "settlement", parking)
                 .ack_wait(Duration::from_secs(2))
                 .connect(&async_nats::jetstream::new(client))
+                .await?;
+            consume(source, ledger).await
+        }
+        ("kafka", [topic, group]) => {
+            // Deliveries are counted in the scenario's store, which every
+            // process shares: a kill counts as the delivery it ended.
+            let source = KafkaSource::builder(&services::kafka_brokers(), topic, group)
+                .store(ledger.store.clone())
+                .set("client.id", name.as_str())
+                .set("session.timeout.ms", "6000")
+                .set("heartbeat.interval.ms", "500")
+                .connect()
                 .await?;
             consume(source, ledger).await
         }

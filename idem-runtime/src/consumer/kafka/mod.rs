@@ -53,6 +53,26 @@
 //! # Ok(()) }
 //! ```
 
+//!
+//! # Limits of Kafka
+//!
+//! What a Kafka-protocol broker (and librdkafka in front of it) answers at
+//! its edges, and what idem makes of it. The tests run Tansu 0.6 with its
+//! memory engine; where Tansu differs from Apache Kafka the row says so, and
+//! what is tested is what Kafka users rely on. A row whose test says
+//! `none yet` is not checked against a real broker.
+//!
+//! | limit or odd answer | what the broker does | what idem does | test |
+//! |---|---|---|---|
+//! | no delivery count: a message is an offset, and a member that died leaves only its group's last commit | redelivers from the last commit to whoever owns the partition next | counts each delivery in the idem store before handing it out (a claim whose fence counts the deliveries), so a message that kills its consumer every time is parked at `max_deliveries` | `tests/consumer_kafka.rs::crash_and_panic_are_parked`; the fence rule: `tests/src/conformance.rs::each_new_owner_raises_the_fence_by_one` on every store |
+//! | a commit's metadata | Kafka keeps it with the offset; Tansu's memory engine answers it empty | not used: the count lives in the store | none (the reason the count is not kept in commits) |
+//! | a partition revoked while its message runs | the group coordinator takes a commit from any current member, owner or not | a delivery commits only while its partition is owned in the epoch it was handed out in; a revoked partition's read messages are dropped | `idem-runtime/src/consumer/kafka/partitions.rs::tests::a_revoked_partition_commits_nothing_and_drops_what_it_held`; `tests/consumer_kafka.rs::two_consumers_settle_each_order_once` (a member joining mid-run) |
+//! | a member killed (SIGKILL) | keeps its partitions until `session.timeout.ms` (45 s by default) passes without a heartbeat; a join takes seconds more (Tansu holds a first join for about the session timeout) | nothing to do; the tests set 6 s | `tests/consumer_kafka.rs::crash_and_panic_are_parked`, `tests/consumer_kafka.rs::dead_consumer_is_taken_over` |
+//! | order within a partition | kept by the broker; a key's messages go to one partition | one message in flight per partition; a retry waits at the front | `tests/consumer_kafka.rs::order_is_kept_per_partition_under_concurrency` (300 messages, 30 keys, 3 partitions, `concurrency(8)`) |
+//! | high-water marks and lag | Kafka reports them; Tansu's memory engine reports wrong ones | nothing in idem reads them; the tests compare commits with the producer's own acknowledgements | — |
+//! | `AllBrokersDown`, `BrokerTransportFailure` | the client reconnects by itself | a consumer error that is not fatal is logged and waited out; only a fatal one ends `run` | none yet |
+//! | a message over `message.max.bytes` (1 000 000 bytes by default, client and broker) | the producer refuses it before sending (`MsgSizeTooLarge`) | the sink fails that message alone; the relay retries and parks it at `max_attempts` | `tests/outbox/sinks.rs::kafka_a_message_over_message_max_bytes_fails_alone` (900 000 bytes published, 1 000 001 failed alone) |
+
 mod count;
 mod partitions;
 
@@ -231,8 +251,10 @@ fn parked_copy(m: &OwnedMessage) -> Parked {
 /// What the consumer's threads and its deliveries share.
 struct Shared {
     partitions: Mutex<Partitions>,
-    /// A partition went free, or a message was put back.
+    /// A message was read, a partition went free, a message was put back.
     wake: Notify,
+    /// The reader stopped on a fatal error.
+    failed: Mutex<Option<KafkaError>>,
 }
 
 impl Shared {
@@ -309,8 +331,9 @@ impl KafkaBuilder {
         self
     }
 
-    /// Joins the group (its first assignment comes with the first
-    /// [`Source::next`]) and opens the producer parked copies go through.
+    /// Joins the group, starts a task that reads the consumer for as long
+    /// as the source lives (on the current tokio runtime), and opens the
+    /// producer parked copies go through.
     pub async fn connect(mut self) -> Result<KafkaSource, BrokerError> {
         let store = self
             .store
@@ -330,6 +353,7 @@ impl KafkaBuilder {
         let shared = Arc::new(Shared {
             partitions: Mutex::default(),
             wake: Notify::new(),
+            failed: Mutex::default(),
         });
         let consumer: Client = self
             .config
@@ -342,17 +366,17 @@ impl KafkaBuilder {
             .map_err(broker)?;
         consumer.subscribe(&[&self.topic]).map_err(broker)?;
         let producer = producer(&brokers)?;
-        Ok(KafkaSource {
-            link: Arc::new(Link {
-                consumer,
-                shared,
-                producer,
-                store,
-                group: self.group,
-                parking: self.parking,
-                keep_counts: self.keep_counts,
-            }),
-        })
+        let link = Arc::new(Link {
+            consumer,
+            shared,
+            producer,
+            store,
+            group: self.group,
+            parking: self.parking,
+            keep_counts: self.keep_counts,
+        });
+        let reader = tokio::spawn(read(link.clone()));
+        Ok(KafkaSource { link, reader })
     }
 }
 
@@ -389,6 +413,8 @@ impl Link {
 /// [`super::Runner`].
 pub struct KafkaSource {
     link: Arc<Link>,
+    /// The task reading the consumer (see [`read`]).
+    reader: tokio::task::JoinHandle<()>,
 }
 
 impl KafkaSource {
@@ -443,6 +469,33 @@ fn transient(e: &KafkaError) -> bool {
     !matches!(e.rdkafka_error_code(), Some(RDKafkaErrorCode::Fatal))
 }
 
+/// Reads the consumer for as long as the source lives, whether or not the
+/// runner wants a delivery: librdkafka serves the group (a rebalance, its
+/// revoke and assign) only while it is read, and a member busy with long
+/// handlers must still let go of partitions when a member joins.
+async fn read(link: Arc<Link>) {
+    loop {
+        match link.consumer.recv().await {
+            Ok(m) => {
+                let m = m.detach();
+                let tp: Tp = (Arc::from(m.topic()), m.partition());
+                let flow = link.shared.lock().push(m);
+                link.flow(&tp, flow);
+                link.shared.wake.notify_one();
+            }
+            Err(e) if transient(&e) => {
+                tracing::warn!(error = %e, "kafka consumer error; going on");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => {
+                *link.shared.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                link.shared.wake.notify_one();
+                return;
+            }
+        }
+    }
+}
+
 #[async_trait::async_trait]
 impl Source for KafkaSource {
     type Delivery = KafkaDelivery;
@@ -461,6 +514,16 @@ impl Source for KafkaSource {
                     }
                 }
             }
+            if let Some(e) = self
+                .link
+                .shared
+                .failed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+            {
+                return Err(broker(e));
+            }
             let due = self.link.shared.lock().next_due();
             let wait_due = async {
                 match due {
@@ -469,23 +532,16 @@ impl Source for KafkaSource {
                 }
             };
             tokio::select! {
-                read = self.link.consumer.recv() => match read {
-                    Ok(m) => {
-                        let m = m.detach();
-                        let tp: Tp = (Arc::from(m.topic()), m.partition());
-                        let flow = self.link.shared.lock().push(m);
-                        self.link.flow(&tp, flow);
-                    }
-                    Err(e) if transient(&e) => {
-                        tracing::warn!(error = %e, "kafka consumer error; going on");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                    Err(e) => return Err(broker(e)),
-                },
                 () = self.link.shared.wake.notified() => {}
                 () = wait_due => {}
             }
         }
+    }
+}
+
+impl Drop for KafkaSource {
+    fn drop(&mut self) {
+        self.reader.abort();
     }
 }
 
