@@ -479,6 +479,25 @@ mod postgres {
             .unwrap()
     }
 
+    /// Delivery `attempt` of order `id` (with `fail`), in a transaction on
+    /// `pool`.
+    async fn deliver(
+        runner: &Runner,
+        pool: &sqlx::PgPool,
+        id: &str,
+        fail: Option<&str>,
+        attempt: u32,
+    ) -> Action {
+        runner
+            .process_in_tx(
+                Memory::new(&payload(id, fail)).attempt(attempt),
+                pool,
+                &handler,
+            )
+            .await
+            .unwrap()
+    }
+
     /// The server ends the session under the handler
     /// (`idle_in_transaction_session_timeout`, 2 s): one idle for 50 ms
     /// commits and is acked; one idle for 3 s is not acked, has written
@@ -488,39 +507,18 @@ mod postgres {
         let Some(store) = pg().await else { return };
         let runner = runner();
         let under = order_id("idle-under");
-        let action = runner
-            .process_in_tx(
-                Memory::new(&payload(&under, Some("idle-50"))),
-                store.pool(),
-                &handler,
-            )
-            .await
-            .unwrap();
+        let action = deliver(&runner, store.pool(), &under, Some("idle-50"), 1).await;
         assert_eq!(action, Action::Acked(Acked::Processed));
         assert_eq!(settlements(&store, &under).await, 1);
 
         let over = order_id("idle-over");
-        let action = runner
-            .process_in_tx(
-                Memory::new(&payload(&over, Some("idle-3000"))),
-                store.pool(),
-                &handler,
-            )
-            .await
-            .unwrap();
+        let action = deliver(&runner, store.pool(), &over, Some("idle-3000"), 1).await;
         assert!(
             matches!(action, Action::Retried { attempt: 1, .. }),
             "{action:?}"
         );
         assert_eq!(settlements(&store, &over).await, 0);
-        let action = runner
-            .process_in_tx(
-                Memory::new(&payload(&over, None)).attempt(2),
-                store.pool(),
-                &handler,
-            )
-            .await
-            .unwrap();
+        let action = deliver(&runner, store.pool(), &over, None, 2).await;
         assert_eq!(action, Action::Acked(Acked::Processed));
         assert_eq!(settlements(&store, &over).await, 1);
     }
@@ -549,10 +547,7 @@ mod postgres {
         let runner = runner();
         let id = order_id("commit-lost");
         proxy.cut_after_request_with(b"COMMIT");
-        let action = runner
-            .process_in_tx(Memory::new(&payload(&id, None)), &through_proxy, &handler)
-            .await
-            .unwrap();
+        let action = deliver(&runner, &through_proxy, &id, None, 1).await;
         assert!(
             matches!(action, Action::Retried { attempt: 1, .. }),
             "{action:?}"
@@ -567,14 +562,7 @@ mod postgres {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(settlements(&store, &id).await, 1);
-        let action = runner
-            .process_in_tx(
-                Memory::new(&payload(&id, None)).attempt(2),
-                store.pool(),
-                &handler,
-            )
-            .await
-            .unwrap();
+        let action = deliver(&runner, store.pool(), &id, None, 2).await;
         assert_eq!(action, Action::Acked(Acked::Deduplicated));
         assert_eq!(settlements(&store, &id).await, 1);
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Subcommand, ValueEnum};
 use idem_runtime::StoreError;
-use idem_runtime::outbox::sink::{JetStreamSink, RabbitMqSink, RedisStreamsSink, Sink};
+use idem_runtime::outbox::sink::{JetStreamSink, KafkaSink, RabbitMqSink, RedisStreamsSink, Sink};
 use idem_runtime::outbox::{self, MessageState, OutboxDatabase, Relay, RelayStats};
 use serde_json::json;
 
@@ -27,7 +27,9 @@ message again).
 relay --to: redis://[:PASSWORD@]HOST[:PORT][/DB] (a stream per topic),
 nats://[USER:PASSWORD@]HOST[:PORT] (a JetStream subject per topic; the streams
 must exist), amqp://USER:PASSWORD@HOST[:PORT]/VHOST (RabbitMQ, the topic is the
-queue's name on the default exchange; the queues must exist).
+queue's name on the default exchange; the queues must exist),
+kafka://HOST:PORT[,HOST:PORT…] (a Kafka topic per topic, the ordering key as the
+Kafka key; the idempotent producer).
 Exit status: 0 done, 1 error, 2 usage, 3 (retry) no unsent message with that id.";
 
 #[derive(Debug, Subcommand)]
@@ -63,7 +65,7 @@ pub enum OutboxCommand {
     /// Publish committed messages to a broker until Ctrl-C or SIGTERM (the
     /// round in progress is finished first).
     Relay {
-        /// The broker: redis://…, nats://… or amqp://… (see below). Never
+        /// The broker: redis://…, nats://…, amqp://… or kafka://… (see below). Never
         /// written to a log: it may hold a password.
         #[arg(
             long,
@@ -154,6 +156,7 @@ enum Broker {
     Redis,
     Nats,
     Amqp,
+    Kafka,
 }
 
 struct SinkUrl<'a> {
@@ -163,7 +166,9 @@ struct SinkUrl<'a> {
     shown: String,
 }
 
-const SINK_SCHEMES: [&str; 7] = ["redis", "rediss", "nats", "tls", "amqp", "amqps", "unix"];
+const SINK_SCHEMES: [&str; 8] = [
+    "redis", "rediss", "nats", "tls", "amqp", "amqps", "unix", "kafka",
+];
 
 fn parse_sink(url: &str) -> Result<SinkUrl<'_>, Failure> {
     let Some((scheme, rest)) = url.split_once("://") else {
@@ -177,7 +182,7 @@ fn parse_sink(url: &str) -> Result<SinkUrl<'_>, Failure> {
             }
         }
         return Err(Failure::Error(
-            "--to must be a broker URL: redis://…, nats://… or amqp://… (the value is not shown, it may hold a password)".into(),
+            "--to must be a broker URL: redis://…, nats://…, amqp://… or kafka://… (the value is not shown, it may hold a password)".into(),
         ));
     };
     let scheme = scheme.to_ascii_lowercase();
@@ -185,6 +190,7 @@ fn parse_sink(url: &str) -> Result<SinkUrl<'_>, Failure> {
         "redis" | "redis+unix" | "unix" => Broker::Redis,
         "nats" => Broker::Nats,
         "amqp" => Broker::Amqp,
+        "kafka" => Broker::Kafka,
         "rediss" | "tls" | "amqps" => {
             return Err(Failure::Error(format!(
                 "--to {scheme}:// needs TLS, which this build of idem does not have: relay to the broker on loopback or through a TLS-terminating proxy"
@@ -203,7 +209,7 @@ fn parse_sink(url: &str) -> Result<SinkUrl<'_>, Failure> {
                 String::new()
             };
             return Err(Failure::Error(format!(
-                "unknown --to URL scheme{shown}: use redis://, nats:// or amqp://"
+                "unknown --to URL scheme{shown}: use redis://, nats://, amqp:// or kafka://"
             )));
         }
     };
@@ -213,6 +219,7 @@ fn parse_sink(url: &str) -> Result<SinkUrl<'_>, Failure> {
         Broker::Redis => "redis",
         Broker::Nats => "nats",
         Broker::Amqp => "amqp",
+        Broker::Kafka => "kafka",
     };
     Ok(SinkUrl {
         broker,
@@ -362,6 +369,15 @@ async fn on<DB: OutboxDatabase>(
                     let s = JetStreamSink::new(async_nats::jetstream::new(client));
                     relay(cli, pool, s, &sink, settings).await
                 }
+                Broker::Kafka => {
+                    // librdkafka connects lazily: a broker that does not
+                    // answer fails each message after its delivery timeout,
+                    // and the relay backs off and tries again.
+                    let brokers = sink.url.split_once("://").map_or("", |(_, r)| r);
+                    let brokers = brokers.split(['/', '?', '#']).next().unwrap_or("");
+                    let s = KafkaSink::connect(brokers).map_err(|e| sink.failed(e))?;
+                    relay(cli, pool, s, &sink, settings).await
+                }
                 Broker::Amqp => {
                     // Reconnects by itself after the broker closed the
                     // connection (a restart): the relay outlives it.
@@ -496,6 +512,11 @@ mod tests {
         assert!(!f.contains("s3cret"), "{f}");
         let ok = parse_sink("nats://TOKEN123@127.0.0.1:4222").ok().unwrap();
         assert_eq!(ok.shown, "nats (127.0.0.1:4222)");
+        let ok = parse_sink("kafka://10.0.0.1:9092,10.0.0.2:9092")
+            .ok()
+            .unwrap();
+        assert!(matches!(ok.broker, Broker::Kafka));
+        assert_eq!(ok.shown, "kafka (10.0.0.1:9092,10.0.0.2:9092)");
         for bad in [
             "redis:/:s3cret@h",
             "amqp:u:s3cret@h",

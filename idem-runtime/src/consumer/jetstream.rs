@@ -430,24 +430,19 @@ fn parked_headers(
     payload: usize,
     max_payload: usize,
 ) -> Result<HeaderMap, BrokerError> {
-    match copy_headers(
-        original,
-        false,
-        reason,
-        deliveries,
-        stream,
-        payload,
-        max_payload,
-    ) {
-        Err(_) if original.is_some() => copy_headers(
+    let copy = |only_the_id| {
+        copy_headers(
             original,
-            true,
+            only_the_id,
             reason,
             deliveries,
             stream,
             payload,
             max_payload,
-        ),
+        )
+    };
+    match copy(false) {
+        Err(_) if original.is_some() => copy(true),
         done => done,
     }
 }

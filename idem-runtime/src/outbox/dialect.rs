@@ -100,6 +100,18 @@ pub enum Inserted {
     Refused,
 }
 
+impl Inserted {
+    /// From the rows an `ON CONFLICT DO NOTHING` insert of `rows` affected.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    pub(super) fn counting(affected: u64, rows: &[NewRow]) -> Inserted {
+        if affected < rows.len() as u64 {
+            Inserted::SomeHeld
+        } else {
+            Inserted::All
+        }
+    }
+}
+
 /// The content of a stored row, to compare with a row whose id it holds.
 pub struct StoredRow {
     /// The id it was asked for by.

@@ -81,12 +81,8 @@ impl Dialect for Postgres {
             ")) WHERE v.ordering_key IS NOT NULL) AS locked ON TRUE\n\
              ORDER BY v.position\nON CONFLICT (id) DO NOTHING",
         );
-        let inserted = q.build().execute(conn).await?.rows_affected();
-        Ok(if inserted < rows.len() as u64 {
-            Inserted::SomeHeld
-        } else {
-            Inserted::All
-        })
+        let affected = q.build().execute(conn).await?.rows_affected();
+        Ok(Inserted::counting(affected, rows))
     }
 
     async fn stored<'a>(

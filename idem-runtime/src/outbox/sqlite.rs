@@ -34,12 +34,8 @@ impl Dialect for Sqlite {
                 .push(now_ms!());
         });
         q.push(" ON CONFLICT (id) DO NOTHING");
-        let inserted = q.build().execute(conn).await?.rows_affected();
-        Ok(if inserted < rows.len() as u64 {
-            Inserted::SomeHeld
-        } else {
-            Inserted::All
-        })
+        let affected = q.build().execute(conn).await?.rows_affected();
+        Ok(Inserted::counting(affected, rows))
     }
 
     async fn stored<'a>(

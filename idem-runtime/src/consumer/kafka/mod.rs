@@ -110,7 +110,9 @@ fn broker(e: impl std::error::Error + Send + Sync + 'static) -> BrokerError {
 
 /// A producer for `publish`, `publish_raw` and the outbox's sink: the
 /// idempotent producer (`enable.idempotence`, so a retried send inside the
-/// client is written once), acknowledged by every in-sync replica.
+/// client is written once), acknowledged by every in-sync replica, a send
+/// given up after 30 s (`message.timeout.ms`; librdkafka's own default, 5
+/// minutes, would hold a relay's batch that long when no broker answers).
 ///
 /// ```no_run
 /// let producer = idem_runtime::consumer::kafka::producer("127.0.0.1:9092")?;
@@ -121,6 +123,7 @@ pub fn producer(brokers: &str) -> Result<FutureProducer, BrokerError> {
         .set("bootstrap.servers", brokers)
         .set("enable.idempotence", "true")
         .set("acks", "all")
+        .set("message.timeout.ms", "30000")
         .create()
         .map_err(broker)
 }
