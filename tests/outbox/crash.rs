@@ -159,3 +159,104 @@ async fn a_relay_killed_mid_batch_publishes_everything_at_least_once_and_each_ap
     let _: () = conn.del(&stream).await.unwrap();
     db.drop().await;
 }
+
+/// The same into Kafka: a relay killed with SIGKILL in the middle of its
+/// batch, a second relay taking the batch over, and a Kafka consumer keyed
+/// on the id (`Envelope`): every message applied once, the ones the dead
+/// relay had sent answered as replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_into_kafka_killed_mid_batch_has_each_message_applied_once() {
+    use idem_runtime::consumer::Source;
+    use idem_runtime::consumer::kafka::KafkaSource;
+    use idem_runtime::consumer::{Acked, Action};
+    use idem_runtime::outbox::sink::KafkaSink;
+
+    let Some(db) = postgres().await else { return };
+    let Some((brokers, topic)) = super::sinks::kafka_topic(3).await else {
+        return;
+    };
+    const N: usize = 40;
+    let ids: Vec<String> = (0..N).map(|i| format!("{topic}-{i}")).collect();
+    let mut tx = db.pool.begin().await.unwrap();
+    outbox::put_all(
+        &mut tx,
+        ids.iter()
+            .map(|id| Message::bytes(topic.as_str(), b"{\"n\":1}".to_vec()).id(id.as_str())),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+
+    let schema = schema(&db.pool).await;
+    let (mut child, lines) = spawn(&["relay-kafka", &schema, &brokers]);
+    wait_for(&lines, "relaying");
+    let mut sent_before = 0;
+    while sent_before < 5 {
+        let line = lines
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the relay publishes");
+        sent_before += usize::from(line.starts_with("published "));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let relay = Relay::builder(db.pool.clone(), KafkaSink::connect(&brokers).unwrap())
+        .lease(Duration::from_secs(1))
+        .build();
+    until(
+        "the next relay to take the dead one's batch over",
+        30,
+        || async {
+            relay.run_once().await.unwrap();
+            outbox::backlog(&db.pool, false)
+                .await
+                .unwrap()
+                .iter()
+                .all(|b| b.pending == 0)
+        },
+    )
+    .await;
+
+    let mut source = KafkaSource::builder(&brokers, &topic, &format!("{topic}-apply"))
+        .store(idem_runtime::store::memory::MemoryStore::new())
+        .set("session.timeout.ms", "6000")
+        .connect()
+        .await
+        .unwrap();
+    // Kafka says nothing of how many there are (and Tansu's high-water
+    // marks are not to be trusted): read until every id is applied and
+    // nothing more comes for a few seconds.
+    let runner = super::sinks::runner();
+    let mut actions = Vec::new();
+    loop {
+        let wait = if ids.iter().all(|id| applied(id) >= 1) {
+            5
+        } else {
+            60
+        };
+        let Ok(next) = tokio::time::timeout(Duration::from_secs(wait), source.next()).await else {
+            break;
+        };
+        let delivery = next.expect("the broker");
+        actions.push(
+            runner
+                .process(delivery, &super::sinks::apply)
+                .await
+                .unwrap(),
+        );
+    }
+    let counts: HashMap<&str, u32> = ids.iter().map(|id| (id.as_str(), applied(id))).collect();
+    assert!(
+        counts.values().all(|&n| n == 1),
+        "each applied once: {counts:?}"
+    );
+    let replays = actions
+        .iter()
+        .filter(|a| **a == Action::Acked(Acked::Deduplicated))
+        .count();
+    assert!(
+        replays >= sent_before,
+        "the {sent_before} the dead relay sent came again, as replays: {actions:?}"
+    );
+    db.drop().await;
+}

@@ -1149,7 +1149,7 @@ async fn redis_streams_max_len_below_the_backlog_trims_entries_no_group_has_read
 // ---- Kafka (issue 31): the sink into a Kafka-protocol broker (Tansu in
 // `scripts/test`), read back by the Kafka consumer keyed on the id. ----
 
-async fn kafka_topic(partitions: i32) -> Option<(String, String)> {
+pub async fn kafka_topic(partitions: i32) -> Option<(String, String)> {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     let brokers = services::kafka_brokers();
     let topic = format!("idem-test-outbox-{}", tag());

@@ -3,30 +3,31 @@
 //! ```text
 //! outbox_proc produce <postgres schema> <topic> <message id>
 //! outbox_proc relay <postgres schema> <redis url>
+//! outbox_proc relay-kafka <postgres schema> <kafka brokers>
 //! ```
 //!
 //! `produce` writes one message in a transaction, commits, prints
 //! `committed`, and waits to be killed before any relay ran. `relay` relays
 //! the schema's outbox into Redis Streams through a slow sink (one message at
 //! a time, 20 ms apart, printing `published <id>` for each) with a lease of
-//! one second, until it is killed.
+//! one second, until it is killed; `relay-kafka` the same into Kafka.
 
 use std::io::Write;
 use std::str::FromStr;
 use std::time::Duration;
 
 use idem_runtime::consumer::BrokerError;
-use idem_runtime::outbox::sink::{RedisStreamsSink, Sink};
+use idem_runtime::outbox::sink::{KafkaSink, RedisStreamsSink, Sink};
 use idem_runtime::outbox::{self, Message, Outgoing, Relay};
 use idem_tests::services;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-struct OneByOne(RedisStreamsSink);
+struct OneByOne<S>(S);
 
 #[async_trait::async_trait]
-impl Sink for OneByOne {
+impl<S: Sink> Sink for OneByOne<S> {
     fn name(&self) -> &'static str {
-        "redis"
+        self.0.name()
     }
 
     async fn publish(&self, batch: &[Outgoing]) -> Vec<Result<(), BrokerError>> {
@@ -70,6 +71,16 @@ async fn main() {
         "relay" => {
             let client = redis::Client::open(args[2].as_str()).unwrap();
             let sink = OneByOne(RedisStreamsSink::connect(&client).await.unwrap());
+            let relay = Relay::builder(pool, sink)
+                .batch(100)
+                .lease(Duration::from_secs(1))
+                .build();
+            println!("relaying");
+            std::io::stdout().flush().unwrap();
+            relay.run().await;
+        }
+        "relay-kafka" => {
+            let sink = OneByOne(KafkaSink::connect(&args[2]).unwrap());
             let relay = Relay::builder(pool, sink)
                 .batch(100)
                 .lease(Duration::from_secs(1))
