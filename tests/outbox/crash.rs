@@ -24,6 +24,24 @@ async fn schema(pool: &sqlx::PgPool) -> String {
         .unwrap()
 }
 
+/// Runs `relay` until nothing is pending: the dead relay's batch, once its
+/// lease ran out, included.
+async fn take_over(relay: &Relay<sqlx::Postgres>, pool: &sqlx::PgPool) {
+    until(
+        "the next relay to take the dead one's batch over",
+        30,
+        || async {
+            relay.run_once().await.unwrap();
+            outbox::backlog(pool, false)
+                .await
+                .unwrap()
+                .iter()
+                .all(|b| b.pending == 0)
+        },
+    )
+    .await;
+}
+
 fn spawn(args: &[&str]) -> (Child, std::sync::mpsc::Receiver<String>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_outbox_proc"))
         .args(args)
@@ -122,19 +140,7 @@ async fn a_relay_killed_mid_batch_publishes_everything_at_least_once_and_each_ap
     )
     .lease(Duration::from_secs(1))
     .build();
-    until(
-        "the next relay to take the dead one's batch over",
-        30,
-        || async {
-            relay.run_once().await.unwrap();
-            outbox::backlog(&db.pool, false)
-                .await
-                .unwrap()
-                .iter()
-                .all(|b| b.pending == 0)
-        },
-    )
-    .await;
+    take_over(&relay, &db.pool).await;
     let total: usize = conn.xlen(&stream).await.unwrap();
     assert!(
         total >= N + before,
@@ -203,19 +209,7 @@ async fn a_relay_into_kafka_killed_mid_batch_has_each_message_applied_once() {
     let relay = Relay::builder(db.pool.clone(), KafkaSink::connect(&brokers).unwrap())
         .lease(Duration::from_secs(1))
         .build();
-    until(
-        "the next relay to take the dead one's batch over",
-        30,
-        || async {
-            relay.run_once().await.unwrap();
-            outbox::backlog(&db.pool, false)
-                .await
-                .unwrap()
-                .iter()
-                .all(|b| b.pending == 0)
-        },
-    )
-    .await;
+    take_over(&relay, &db.pool).await;
 
     let mut source = KafkaSource::builder(&brokers, &topic, &format!("{topic}-apply"))
         .store(idem_runtime::store::memory::MemoryStore::new())

@@ -43,6 +43,17 @@ impl<S: Sink> Sink for OneByOne<S> {
     }
 }
 
+/// Relays through `sink`, one message at a time, until killed.
+async fn relay<S: Sink + 'static>(pool: sqlx::PgPool, sink: S) {
+    let relay = Relay::builder(pool, OneByOne(sink))
+        .batch(100)
+        .lease(Duration::from_secs(1))
+        .build();
+    println!("relaying");
+    std::io::stdout().flush().unwrap();
+    relay.run().await;
+}
+
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -70,25 +81,9 @@ async fn main() {
         }
         "relay" => {
             let client = redis::Client::open(args[2].as_str()).unwrap();
-            let sink = OneByOne(RedisStreamsSink::connect(&client).await.unwrap());
-            let relay = Relay::builder(pool, sink)
-                .batch(100)
-                .lease(Duration::from_secs(1))
-                .build();
-            println!("relaying");
-            std::io::stdout().flush().unwrap();
-            relay.run().await;
+            relay(pool, RedisStreamsSink::connect(&client).await.unwrap()).await;
         }
-        "relay-kafka" => {
-            let sink = OneByOne(KafkaSink::connect(&args[2]).unwrap());
-            let relay = Relay::builder(pool, sink)
-                .batch(100)
-                .lease(Duration::from_secs(1))
-                .build();
-            println!("relaying");
-            std::io::stdout().flush().unwrap();
-            relay.run().await;
-        }
+        "relay-kafka" => relay(pool, KafkaSink::connect(&args[2]).unwrap()).await,
         other => panic!("unknown mode {other}"),
     }
 }
