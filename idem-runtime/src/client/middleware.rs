@@ -30,8 +30,10 @@ use super::retry::{Policy, idempotent_method};
 /// [`base_delay`](Self::base_delay), at most [`max_delay`](Self::max_delay)).
 /// A keyed request answered 409 is sent again too: under the IETF
 /// Idempotency-Key draft, 409 says a request with that key is still being
-/// processed (typically the attempt this middleware gave up on). A keyless
-/// 409 is a conflict and reaches the caller.
+/// processed (typically the attempt this middleware gave up on). A server
+/// that answers a keyed request 409 for a conflict of its own (a version
+/// clash) is retried the same way, up to `max_attempts`, before the caller
+/// gets the 409. A keyless 409 is a conflict and reaches the caller at once.
 /// A `Retry-After`, in seconds or as an HTTP-date, is waited out in full; one
 /// longer than `max_delay` is not retried, and the caller gets that response.
 /// The last attempt's response or error is what the caller gets.

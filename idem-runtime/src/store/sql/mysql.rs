@@ -19,7 +19,12 @@
 //!
 //! What the server answers at its edges, and what the store, `tx = tx` calls,
 //! `Runner::run_in_tx` and the outbox make of it. A row whose test says `none
-//! yet` is not checked against a real server.
+//! yet` is not checked against a real server. The tests run MariaDB 10.11;
+//! nothing here is run against MySQL 8, so the rows say what MySQL does from
+//! its documentation, and two things idem leans on are MariaDB-tested only:
+//! the outbox insert's `ON DUPLICATE KEY UPDATE` that fails a statement
+//! whose id another message holds (it relies on `IF` evaluating only the
+//! branch it takes), and reading its `VARBINARY` names back as text.
 //!
 //! | limit or odd answer | what MySQL/MariaDB does | what idem does | test |
 //! |---|---|---|---|
