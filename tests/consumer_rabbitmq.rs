@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
 use idem_runtime::consumer::rabbitmq::{self, RabbitMqSource};
-use idem_runtime::consumer::{Action, Delivery, Parked, Source};
+use idem_runtime::consumer::{Action, Delivery, Parked, Runner, Source};
 use idem_runtime::store::memory::MemoryStore;
 use idem_tests::consumer::*;
 use idem_tests::services;
@@ -256,20 +256,35 @@ async fn a_retry_copy_no_queue_takes_is_an_error_and_the_original_stays() {
     assert_eq!((b.ready(&b.queue).await, b.ready(&retry).await), (0, 1));
 
     // Over: with `q.retry` deleted, no queue takes the copy.
+    b.publish(&order("poison-kept")).await;
+    its_copy_comes_back_and_it_stays(&b, &mut source, &runner, &handler, &retry).await;
+}
+
+/// Deletes the queue `gone`, then processes the next delivery, whose copy
+/// goes there: the copy comes back, `process` fails naming `gone`, and the
+/// original, unacked, is handed back by the broker when the consumer goes.
+async fn its_copy_comes_back_and_it_stays<H, Fut>(
+    b: &Rabbit,
+    source: &mut RabbitMqSource,
+    runner: &Runner,
+    handler: &H,
+    gone: &str,
+) where
+    H: Fn(OrderPaid) -> Fut,
+    Fut: Future<Output = Result<(), SettleError>>,
+{
     b.channel
-        .queue_delete(&retry, QueueDeleteOptions::default())
+        .queue_delete(gone, QueueDeleteOptions::default())
         .await
         .unwrap();
-    b.publish(&order("poison-kept")).await;
     let err = runner
-        .process(next(&mut source).await, &handler)
+        .process(next(source).await, handler)
         .await
         .expect_err("a copy that came back");
     assert!(
-        err.to_string().contains(&format!("`{retry}`")) && err.to_string().contains("came back"),
+        err.to_string().contains(&format!("`{gone}`")) && err.to_string().contains("came back"),
         "{err}"
     );
-    // Unacked: the broker hands it back when the consumer goes.
     b.kill("c1").await;
     eventually("the original is back in the queue", || async {
         b.ready(&b.queue).await == 1
@@ -296,25 +311,8 @@ async fn a_parked_copy_no_queue_takes_is_an_error_and_the_original_stays() {
     assert_eq!(b.ready(&parked).await, 1);
 
     // Over: with `q.parked` deleted, `q.dlx` routes the copy nowhere.
-    b.channel
-        .queue_delete(&parked, QueueDeleteOptions::default())
-        .await
-        .unwrap();
     b.publish_raw(b"not json either", Some("m-kept")).await;
-    let err = runner
-        .process(next(&mut source).await, &handler)
-        .await
-        .expect_err("a copy that came back");
-    assert!(
-        err.to_string().contains(&format!("`{parked}`")) && err.to_string().contains("came back"),
-        "{err}"
-    );
-    b.kill("c1").await;
-    eventually("the original is back in the queue", || async {
-        b.ready(&b.queue).await == 1
-    })
-    .await;
-    b.cleanup().await;
+    its_copy_comes_back_and_it_stays(&b, &mut source, &runner, &handler, &parked).await;
 }
 
 /// A handler error whose `Debug` is exactly this long (the order's `amount`).

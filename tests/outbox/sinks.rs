@@ -458,14 +458,9 @@ async fn rabbitmq_returns_in_a_mixed_batch_are_matched_to_their_own_messages() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rabbitmq_a_routing_key_over_255_bytes_fails_alone() {
     let Some(db) = postgres().await else { return };
-    let url = services::rabbitmq_url();
-    let Some(conn) = services::reachable("RabbitMQ", &url, rabbitmq::connect(&url).await) else {
+    let Some((conn, queue)) = rabbitmq_queue(&services::rabbitmq_url(), "long").await else {
         return;
     };
-    let queue = format!("idem-test-outbox-long-{}", tag());
-    RabbitMqSource::declare(&conn.create_channel().await.unwrap(), &queue)
-        .await
-        .unwrap();
     let ids: Vec<String> = (0..3).map(|i| format!("{queue}-{i}")).collect();
     write(&db.pool, &queue, &ids).await;
     // 128 characters, 256 bytes: what `put` counted as fine before.
@@ -823,6 +818,18 @@ async fn jetstream_subjects_the_server_refuses_fail_alone() {
 // ---- Limits of RabbitMQ (issue 30): the sink's boundary tests of the
 // `# Limits of RabbitMQ` table in `consumer/rabbitmq.rs`. ----
 
+/// A connection to RabbitMQ at `url` and a queue of this test's own
+/// (`idem-test-outbox-<what>-…`), declared with its retry and parking
+/// queues.
+async fn rabbitmq_queue(url: &str, what: &str) -> Option<(lapin::Connection, String)> {
+    let conn = services::reachable("RabbitMQ", url, rabbitmq::connect(url).await)?;
+    let queue = format!("idem-test-outbox-{what}-{}", tag());
+    RabbitMqSource::declare(&conn.create_channel().await.unwrap(), &queue)
+        .await
+        .unwrap();
+    Some((conn, queue))
+}
+
 /// Messages ready in `queue`.
 async fn rabbitmq_ready(conn: &lapin::Connection, queue: &str) -> u32 {
     let passive = lapin::options::QueueDeclareOptions {
@@ -866,16 +873,11 @@ async fn rabbitmq_a_content_header_over_frame_max_fails_alone() {
         "{url}{}frame_max=8192",
         if url.contains('?') { '&' } else { '?' }
     );
-    let Some(conn) = services::reachable("RabbitMQ", &url, rabbitmq::connect(&small_frames).await)
-    else {
+    let Some((conn, queue)) = rabbitmq_queue(&small_frames, "frame").await else {
         return;
     };
     let frame_max = conn.configuration().frame_max() as usize;
     assert_eq!(frame_max, 8192, "the connection's frame_max");
-    let queue = format!("idem-test-outbox-frame-{}", tag());
-    RabbitMqSource::declare(&conn.create_channel().await.unwrap(), &queue)
-        .await
-        .unwrap();
     let small: Vec<String> = (0..3).map(|i| format!("{queue}-small-{i}")).collect();
     write(&db.pool, &queue, &small).await;
     let (at, over, far) = (
@@ -932,14 +934,9 @@ async fn rabbitmq_a_content_header_over_frame_max_fails_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rabbitmq_a_payload_over_max_message_bytes_fails_alone() {
     let Some(db) = postgres().await else { return };
-    let url = services::rabbitmq_url();
-    let Some(conn) = services::reachable("RabbitMQ", &url, rabbitmq::connect(&url).await) else {
+    let Some((conn, queue)) = rabbitmq_queue(&services::rabbitmq_url(), "size").await else {
         return;
     };
-    let queue = format!("idem-test-outbox-size-{}", tag());
-    RabbitMqSource::declare(&conn.create_channel().await.unwrap(), &queue)
-        .await
-        .unwrap();
     let small: Vec<String> = (0..3).map(|i| format!("{queue}-small-{i}")).collect();
     write(&db.pool, &queue, &small).await;
     let (at, over) = (format!("{queue}-at"), format!("{queue}-over"));

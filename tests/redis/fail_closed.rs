@@ -6,10 +6,8 @@ use std::time::{Duration, Instant};
 use idem_runtime::store::redis::RedisStore;
 use idem_runtime::store::{RecordState, Store, Token};
 use idem_runtime::{Error, Key};
-use idem_tests::proxy::Proxy;
-use idem_tests::services;
 
-use crate::{AppError, Ledger, OwnRedis, address, store_error, unique_prefix};
+use crate::{AppError, Ledger, OwnRedis, direct_and_proxy, store_error};
 
 fn assert_names_redis_at(e: &idem_runtime::StoreError, at: &str, secret: Option<&str>) {
     let shown = format!("{e} / {e:?}");
@@ -108,16 +106,9 @@ async fn redis_stopped_mid_test_fails_closed() {
 /// takes over (with a higher fence) and completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_lost_between_claim_and_complete_is_taken_over_after_the_lease() {
-    let url = services::redis_url();
-    let prefix = unique_prefix();
-    let direct = RedisStore::builder()
-        .key_prefix(&prefix)
-        .connect(&url)
-        .await;
-    let Some(direct) = services::reachable("Redis", &address(&url), direct) else {
+    let Some((direct, proxy, prefix)) = direct_and_proxy().await else {
         return;
     };
-    let proxy = Proxy::start(address(&url)).await;
     let through_proxy = RedisStore::builder()
         // The same records as `direct`: same server, same prefix.
         .key_prefix(&prefix)

@@ -109,6 +109,23 @@ where
     enough(conn.clone()).await
 }
 
+/// A ledger on `server` under `prefix` whose order 1 has run once and
+/// replayed, and a connection of the test's own to the server.
+async fn settled_once(server: &OwnRedis, prefix: &str) -> (Ledger, MultiplexedConnection) {
+    let store = RedisStore::builder()
+        .key_prefix(prefix)
+        .connect(&server.url())
+        .await
+        .expect("own redis-server");
+    let ledger = Ledger::new(store);
+    assert_eq!(ledger.settle(1).await.unwrap(), 2);
+    assert_eq!(ledger.settle(1).await.unwrap(), 2, "replayed");
+    assert_eq!(ledger.runs(), 1);
+    let client = redis::Client::open(server.url()).unwrap();
+    let conn = client.get_multiplexed_async_connection().await.unwrap();
+    (ledger, conn)
+}
+
 /// `maxmemory` with `noeviction` (what the table asks for): with memory to
 /// spare a call runs once and replays; once the server refuses writes
 /// (`-OOM`), a new call fails closed with `Error::Store` naming the refusal
@@ -121,18 +138,7 @@ async fn maxmemory_with_noeviction_fails_closed() {
     else {
         return;
     };
-    let store = RedisStore::builder()
-        .key_prefix(unique_prefix())
-        .connect(&server.url())
-        .await
-        .expect("own redis-server");
-    let ledger = Ledger::new(store);
-    assert_eq!(ledger.settle(1).await.unwrap(), 2);
-    assert_eq!(ledger.settle(1).await.unwrap(), 2, "replayed");
-    assert_eq!(ledger.runs(), 1);
-
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let (ledger, mut conn) = settled_once(&server, &unique_prefix()).await;
     // 600 KiB of other data, then a limit below what the server holds: every
     // write is refused from then on. (Filling up to the limit says less:
     // used memory hovers around it, as a write's own query buffer counts
@@ -181,18 +187,7 @@ async fn maxmemory_with_an_evicting_policy_lets_a_duplicate_run_again() {
         return;
     };
     let prefix = unique_prefix();
-    let store = RedisStore::builder()
-        .key_prefix(prefix.as_str())
-        .connect(&server.url())
-        .await
-        .expect("own redis-server");
-    let ledger = Ledger::new(store);
-    assert_eq!(ledger.settle(1).await.unwrap(), 2);
-    assert_eq!(ledger.settle(1).await.unwrap(), 2, "replayed");
-    assert_eq!(ledger.runs(), 1);
-
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let (ledger, mut conn) = settled_once(&server, &prefix).await;
     let records = |mut conn: MultiplexedConnection| {
         let pattern = format!("{prefix}*");
         async move {

@@ -58,6 +58,21 @@ fn address(url: &str) -> String {
         .unwrap_or_else(|_| "an unparsable URL".into())
 }
 
+/// A store on the shared server under a fresh prefix, and a proxy in front
+/// of that server, for a second store on the same records (the same
+/// prefix) whose connection a test can stall or cut.
+async fn direct_and_proxy() -> Option<(RedisStore, Proxy, String)> {
+    let url = services::redis_url();
+    let prefix = unique_prefix();
+    let direct = RedisStore::builder()
+        .key_prefix(&prefix)
+        .connect(&url)
+        .await;
+    let direct = services::reachable("Redis", &address(&url), direct)?;
+    let proxy = Proxy::start(address(&url)).await;
+    Some((direct, proxy, prefix))
+}
+
 async fn single_store() -> Option<RedisStore> {
     let url = services::redis_url();
     let store = RedisStore::builder()

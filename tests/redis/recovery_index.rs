@@ -8,10 +8,9 @@ use std::time::Duration;
 use idem_runtime::Key;
 use idem_runtime::store::redis::RedisStore;
 use idem_runtime::store::{Claim, ClaimRequest, RecoveryArgs, Store, Token};
-use idem_tests::proxy::Proxy;
 use idem_tests::services;
 
-use super::{address, unique_prefix};
+use super::{address, direct_and_proxy, unique_prefix};
 
 const LEASE: Duration = Duration::from_millis(600);
 
@@ -22,16 +21,9 @@ const LEASE: Duration = Duration::from_millis(600);
 /// PROCESSING, counted nowhere).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_indexed_while_a_pass_reads_the_index_is_recovered() {
-    let url = services::redis_url();
-    let prefix = unique_prefix();
-    let direct = RedisStore::builder()
-        .key_prefix(&prefix)
-        .connect(&url)
-        .await;
-    let Some(direct) = services::reachable("Redis", &address(&url), direct) else {
+    let Some((direct, proxy, prefix)) = direct_and_proxy().await else {
         return;
     };
-    let proxy = Proxy::start(address(&url)).await;
     let stalled = RedisStore::builder()
         .key_prefix(&prefix)
         .connect(&format!("redis://127.0.0.1:{}", proxy.port()))

@@ -136,7 +136,17 @@ pub async fn publish_raw(
     if let Some(id) = message_id {
         props = props.with_message_id(id.into());
     }
-    publish_confirmed(channel, "", queue, payload, props).await
+    publish_confirmed(
+        channel,
+        "",
+        queue,
+        false,
+        &format!("`{queue}`"),
+        payload,
+        props,
+    )
+    .await
+    .map(drop)
 }
 
 /// Up to `count` messages of `parking_queue` (`<queue>.parked`), oldest
@@ -203,18 +213,26 @@ pub async fn parked(
         .collect())
 }
 
+/// Publishes and waits for the broker's confirm; a nack is an error naming
+/// `to`. A `mandatory` publish that no queue took comes back: the returned
+/// message is in the confirmation.
 async fn publish_confirmed(
     channel: &Channel,
     exchange: &str,
     routing_key: &str,
+    mandatory: bool,
+    to: &str,
     body: &[u8],
     props: BasicProperties,
-) -> Result<(), BrokerError> {
+) -> Result<lapin::publisher_confirm::Confirmation, BrokerError> {
     let confirm = channel
         .basic_publish(
             exchange,
             routing_key,
-            BasicPublishOptions::default(),
+            BasicPublishOptions {
+                mandatory,
+                ..BasicPublishOptions::default()
+            },
             body,
             props,
         )
@@ -225,10 +243,10 @@ async fn publish_confirmed(
     if confirm.is_nack() {
         return Err(BrokerError::new(
             "rabbitmq",
-            format!("the broker refused a message for `{routing_key}`"),
+            format!("the broker refused a message for {to}"),
         ));
     }
-    Ok(())
+    Ok(confirm)
 }
 
 /// RabbitMQ's default `frame_max`, what the consumer and the sink assume
@@ -358,27 +376,8 @@ impl Copies {
             ));
         }
         let _one = self.one_at_a_time.lock().await;
-        let confirm = channel
-            .basic_publish(
-                exchange,
-                routing_key,
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                body,
-                props,
-            )
-            .await
-            .map_err(broker)?
-            .await
-            .map_err(broker)?;
-        if confirm.is_nack() {
-            return Err(BrokerError::new(
-                "rabbitmq",
-                format!("the broker refused a copy for {to}"),
-            ));
-        }
+        let confirm =
+            publish_confirmed(channel, exchange, routing_key, true, to, body, props).await?;
         if confirm.take_message().is_some() {
             return Err(BrokerError::new(
                 "rabbitmq",
