@@ -297,3 +297,218 @@ async fn order_is_kept_per_partition_under_concurrency() {
         "partitions overlap, one message each at a time: {most} at once"
     );
 }
+
+/// A `consumer_crash kafka-tx` process of this test, its output kept for
+/// failure messages.
+struct Child {
+    process: std::process::Child,
+    said: Arc<Mutex<Vec<String>>>,
+}
+
+impl Child {
+    fn start(name: &str, b: &Kafka, table: &str) -> Child {
+        use std::io::{BufRead, BufReader};
+        use std::process::{Command, Stdio};
+        let mut process = Command::new(env!("CARGO_BIN_EXE_consumer_crash"))
+            .args([name, "idem-test-kafka-tx:", "kafka-tx"])
+            .args([&b.topic, &b.group, table])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start consumer_crash");
+        let said: Arc<Mutex<Vec<String>>> = Arc::default();
+        let stdout = process.stdout.take().expect("stdout");
+        let lines = said.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                lines.lock().unwrap().push(line);
+            }
+        });
+        Child { process, said }
+    }
+
+    /// SIGKILL: no commit, no leaving the group, no goodbye.
+    fn kill(&mut self) {
+        self.process.kill().expect("SIGKILL");
+        self.process.wait().expect("reap");
+    }
+
+    fn tail(&self) -> String {
+        let said = self.said.lock().unwrap();
+        said[said.len().saturating_sub(20)..].join("\n")
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+/// What Kafka users rely on after a crash: a process SIGKILLed mid-batch
+/// (three partitions in flight, each message a PostgreSQL transaction) has
+/// committed no offset past a message it did not apply, and a new process
+/// in the same group, starting from those commits, applies every message
+/// exactly once. 300 messages, 30 keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_killed_mid_batch_commits_nothing_ahead_and_the_next_applies_each_once() {
+    let Some(b) = Kafka::new().await else { return };
+    let url = services::postgres_url();
+    let Some(pool) = services::reachable("PostgreSQL", &url, sqlx::PgPool::connect(&url).await)
+    else {
+        return;
+    };
+    let table = format!("idem_test_kafka_applied_{}", suffix());
+    // No unique key: a message applied twice is two rows.
+    sqlx::query(&format!("CREATE TABLE {table} (order_id TEXT NOT NULL)"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut at: HashMap<(i32, i64), String> = HashMap::new();
+    // Ids of this run alone: idem's records outlive the table.
+    let run = suffix();
+    for i in 0..300u64 {
+        let key = format!("key-{}", i % 30);
+        let order = OrderPaid {
+            order_id: format!("{run}-{key}#{i}"),
+            amount: i,
+        };
+        let position = kafka::publish(&b.producer, &b.topic, Some(&key), &order)
+            .await
+            .unwrap();
+        b.note(position);
+        at.insert(position, order.order_id);
+    }
+    let applied = async || -> Vec<String> {
+        sqlx::query_scalar(&format!("SELECT order_id FROM {table}"))
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+    };
+
+    let mut first = Child::start("consumer-1", &b, &table);
+    eventually("a third of the messages are applied", || async {
+        applied().await.len() >= 100
+    })
+    .await;
+    first.kill();
+
+    // The dead process commits nothing more: read its commits and what it
+    // applied, in that order, so a row read is never newer than the commit.
+    let committed = committed_offsets(&b);
+    let rows: std::collections::HashSet<String> = applied().await.into_iter().collect();
+    assert!(
+        committed.values().any(|&o| o > 0),
+        "the first process committed something before its kill: {committed:?}\n{}",
+        first.tail()
+    );
+    let ahead: Vec<_> = at
+        .iter()
+        .filter(|((p, o), id)| committed.get(p).is_some_and(|c| o < c) && !rows.contains(*id))
+        .collect();
+    assert!(
+        ahead.is_empty(),
+        "committed past messages never applied: {ahead:?} (committed {committed:?})"
+    );
+
+    let second = Child::start("consumer-2", &b, &table);
+    eventually("every message is applied and committed", || async {
+        applied().await.len() >= 300 && b.drained().await
+    })
+    .await;
+    drop(second);
+    let mut times: HashMap<String, u32> = HashMap::new();
+    for id in applied().await {
+        *times.entry(id).or_default() += 1;
+    }
+    sqlx::query(&format!("DROP TABLE {table}"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(times.len(), 300, "every message applied");
+    let twice: Vec<_> = times.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(twice.is_empty(), "applied more than once: {twice:?}");
+}
+
+/// The group's committed offset per partition, those it has.
+fn committed_offsets(b: &Kafka) -> HashMap<i32, i64> {
+    let reader: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &b.brokers)
+        .set("group.id", &b.group)
+        .create()
+        .unwrap();
+    let mut list = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        list.add_partition(&b.topic, p);
+    }
+    let committed = reader
+        .committed_offsets(list, Duration::from_secs(5))
+        .unwrap();
+    committed
+        .elements()
+        .iter()
+        .filter_map(|e| match e.offset() {
+            Offset::Offset(o) => Some((e.partition(), o)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A delivery dropped undecided (its task cancelled, a handler that
+/// panicked past the runner) commits nothing and is handed out again before
+/// anything after it in its partition, counted as a second delivery.
+#[tokio::test]
+async fn a_dropped_delivery_commits_nothing_and_comes_back_first() {
+    use idem_runtime::consumer::{Delivery, Source};
+    let Some(b) = Kafka::new().await else { return };
+    let mut offsets = Vec::new();
+    for id in ["dropped-1", "dropped-2"] {
+        let body = serde_json::to_vec(&order(id)).unwrap();
+        let sent = b
+            .producer
+            .send(
+                FutureRecord::<str, [u8]>::to(&b.topic)
+                    .partition(0)
+                    .payload(&body),
+                Duration::from_secs(30),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+        b.note((sent.partition, sent.offset));
+        offsets.push(sent.offset);
+    }
+    let mut source = b.consumer("dropping").await;
+    // Bounded: a message lost to the drop would leave `next` waiting.
+    let mut next = async || {
+        tokio::time::timeout(Duration::from_secs(30), source.next())
+            .await
+            .expect("a delivery within 30 s")
+            .unwrap()
+    };
+    let first = next().await;
+    assert_eq!(first.position(), Some((b.topic.as_str(), 0, offsets[0])));
+    assert_eq!(first.attempt(), 1);
+    drop(first);
+
+    let again = next().await;
+    assert_eq!(
+        (again.position(), again.attempt()),
+        (Some((b.topic.as_str(), 0, offsets[0])), 2),
+        "the dropped message again, before the one after it"
+    );
+    assert_eq!(
+        committed_offsets(&b).get(&0),
+        None,
+        "nothing committed for a dropped delivery"
+    );
+    again.ack().await.unwrap();
+    let after = next().await;
+    assert_eq!(after.position(), Some((b.topic.as_str(), 0, offsets[1])));
+    eventually("the ack is committed", || async {
+        committed_offsets(&b).get(&0) == Some(&(offsets[0] + 1))
+    })
+    .await;
+}

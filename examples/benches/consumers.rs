@@ -1,6 +1,7 @@
 //! Consumers in parallel: `Runner::concurrency` against a hand-written
 //! consumer on the same broker client, on loopback PostgreSQL, Redis Streams,
-//! RabbitMQ and NATS JetStream.
+//! RabbitMQ, NATS JetStream and Kafka (any Kafka-protocol broker; the tests'
+//! Tansu on 9092).
 //!
 //! Run by hand, in release mode (CI builds it under clippy and never runs it):
 //!
@@ -9,8 +10,9 @@
 //! # a quick run:
 //! IDEM_BENCH_MESSAGES=2000 IDEM_BENCH_ROUNDS=1 cargo bench -p idem-benches --bench consumers
 //! # knobs: IDEM_BENCH_MESSAGES (20000 per cell) IDEM_BENCH_ROUNDS (1)
-//! #        IDEM_BENCH_CONCURRENCY (1,16) IDEM_BENCH_BROKERS (redis,rabbitmq,nats)
-//! #        IDEM_POSTGRES_URL IDEM_REDIS_URL IDEM_RABBITMQ_URL IDEM_NATS_URL
+//! #        IDEM_BENCH_CONCURRENCY (1,16) IDEM_BENCH_BROKERS (redis,rabbitmq,nats,kafka)
+//! #        IDEM_BENCH_KAFKA_PARTITIONS (16) IDEM_BENCH_KAFKA_COUNTS (postgres|redis)
+//! #        IDEM_POSTGRES_URL IDEM_REDIS_URL IDEM_RABBITMQ_URL IDEM_NATS_URL IDEM_KAFKA_BROKERS
 //! ```
 //!
 //! Each cell publishes the messages first, then one consumer drains them: the
@@ -31,6 +33,19 @@
 //! of `max(c, 10)` with `double_ack` (the ack the server confirms, as idem's).
 //! Rounds alternate which side goes first; cells are medians.
 //!
+//! Kafka keeps order per partition, so both sides run one message of a
+//! partition at a time, up to `c` partitions at once (the topic has
+//! `IDEM_BENCH_KAFKA_PARTITIONS`, keys spread over them), and commit one
+//! past each message (`CommitMode::Async`) once its transaction committed.
+//! The hand-written side reads one `StreamConsumer` and hands each partition
+//! to a task of its own, a semaphore of `c` permits around the transactions.
+//! idem's side also counts each delivery in an idem store before running it
+//! (Kafka keeps no delivery count; `IDEM_BENCH_KAFKA_COUNTS`: PostgreSQL, the
+//! same database, or Redis): the hand-written side has no count, so a message
+//! that kills it every time stops its partition for good. A group's first
+//! join waits out the broker's pause, so on Kafka each side's clock starts at
+//! its first finished message and the rate counts the `n - 1` after it.
+//!
 //! Each cell also gives the CPU a message cost, this process's (both sides'
 //! consumers and clients) and PostgreSQL's (every `postgres` process): where
 //! a commit waits on a slow disk, the rate follows the disk and the CPU
@@ -44,11 +59,20 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use futures_util::stream;
 use idem_runtime::consumer::jetstream::JetStreamSource;
+use idem_runtime::consumer::kafka::{self, KafkaSource};
 use idem_runtime::consumer::rabbitmq::{self, RabbitMqSource};
 use idem_runtime::consumer::redis_streams::{PAYLOAD_FIELD, RedisStreamsSource};
 use idem_runtime::consumer::{Runner, Source, mark_rolled_back};
 use idem_runtime::idempotent;
+use idem_runtime::store::StoreRef;
+use idem_runtime::store::redis::RedisStore;
 use idem_runtime::store::sql::PgStore;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::OwnedMessage;
+use rdkafka::{Message as _, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Postgres, Transaction};
@@ -131,9 +155,18 @@ async fn reference_tx(pool: &PgPool, e: &OrderPaid) -> Result<(), BenchError> {
 
 /// Runs idem's consumer until `n` messages are acked; with `store` false its
 /// handler is the hand-written transaction (the runner and the adapter alone).
-async fn idem_side<S: Source>(source: S, pool: &PgPool, c: usize, n: u64, store: bool) -> Duration {
+/// With `from_first`, the clock starts at the first ack and the `n - 1`
+/// after it are timed. Returns the time and how many messages it covers.
+async fn idem_side<S: Source>(
+    source: S,
+    pool: &PgPool,
+    c: usize,
+    n: u64,
+    store: bool,
+    from_first: bool,
+) -> (Duration, u64) {
     let runner = Runner::new().concurrency(c);
-    let started = Instant::now();
+    let mut started = Instant::now();
     let run = runner.run(source, |e: OrderPaid| async move {
         if store {
             idem_handler(pool, e).await
@@ -142,6 +175,12 @@ async fn idem_side<S: Source>(source: S, pool: &PgPool, c: usize, n: u64, store:
         }
     });
     let done = async {
+        if from_first {
+            while runner.stats().acked < 1 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            started = Instant::now();
+        }
         while runner.stats().acked < n {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
@@ -157,7 +196,7 @@ async fn idem_side<S: Source>(source: S, pool: &PgPool, c: usize, n: u64, store:
         (n, 0, 0),
         "{stats:?}"
     );
-    elapsed
+    (elapsed, if from_first { n - 1 } else { n })
 }
 
 fn batch(c: usize) -> usize {
@@ -173,6 +212,7 @@ enum Broker {
     Redis,
     Rabbit,
     Nats,
+    Kafka,
 }
 
 impl Broker {
@@ -181,6 +221,7 @@ impl Broker {
             Broker::Redis => "Redis Streams",
             Broker::Rabbit => "RabbitMQ",
             Broker::Nats => "JetStream (file)",
+            Broker::Kafka => "Kafka (Tansu)",
         }
     }
 }
@@ -190,14 +231,28 @@ struct Brokers {
     rabbit_url: String,
     rabbit: lapin::Connection,
     js: async_nats::jetstream::Context,
+    kafka: String,
+    kafka_partitions: i32,
+    /// Where idem's Kafka side counts deliveries.
+    kafka_counts: StoreRef,
+}
+
+fn order_id(run: &str, i: u64) -> String {
+    format!("{run}-{i}")
 }
 
 fn message(run: &str, i: u64) -> Vec<u8> {
     serde_json::to_vec(&OrderPaid {
-        order_id: format!("{run}-{i}"),
+        order_id: order_id(run, i),
         amount_cents: 1000 + (i % 5000) as i64,
     })
     .expect("json")
+}
+
+fn kafka_admin(brokers: &str) -> Result<AdminClient<DefaultClientContext>, BoxError> {
+    Ok(ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()?)
 }
 
 impl Brokers {
@@ -283,6 +338,39 @@ impl Brokers {
                     i += 1000;
                 }
             }
+            Broker::Kafka => {
+                let created = kafka_admin(&self.kafka)?
+                    .create_topics(
+                        &[NewTopic::new(
+                            topic,
+                            self.kafka_partitions,
+                            TopicReplication::Fixed(1),
+                        )],
+                        &AdminOptions::new(),
+                    )
+                    .await?;
+                for r in created {
+                    r.map_err(|(t, e)| format!("creating {t}: {e}"))?;
+                }
+                let producer = kafka::producer(&self.kafka)?;
+                let mut i = 0;
+                while i < n {
+                    let sends = (i..(i + 1000).min(n)).map(|j| {
+                        let producer = &producer;
+                        async move {
+                            // Keyed, as an order's events are: the keys
+                            // spread over the partitions.
+                            let key = order_id(run, j);
+                            kafka::publish_raw(producer, topic, Some(&key), &message(run, j), None)
+                                .await
+                        }
+                    });
+                    for sent in futures_util::future::join_all(sends).await {
+                        sent?;
+                    }
+                    i += 1000;
+                }
+            }
         }
         Ok(())
     }
@@ -308,6 +396,14 @@ impl Brokers {
             Broker::Nats => {
                 self.js.delete_stream(topic).await?;
             }
+            Broker::Kafka => {
+                for r in kafka_admin(&self.kafka)?
+                    .delete_topics(&[topic], &AdminOptions::new())
+                    .await?
+                {
+                    r.map_err(|(t, e)| format!("deleting {t}: {e}"))?;
+                }
+            }
         }
         Ok(())
     }
@@ -321,7 +417,7 @@ impl Brokers {
         c: usize,
         n: u64,
         store: bool,
-    ) -> Duration {
+    ) -> (Duration, u64) {
         match broker {
             Broker::Redis => {
                 let source = RedisStreamsSource::builder(topic, GROUP, "idem")
@@ -329,7 +425,7 @@ impl Brokers {
                     .connect(&self.redis)
                     .await
                     .expect("Redis source");
-                idem_side(source, pool, c, n, store).await
+                idem_side(source, pool, c, n, store, false).await
             }
             Broker::Rabbit => {
                 let conn = rabbitmq::connect(&self.rabbit_url).await.expect("RabbitMQ");
@@ -339,7 +435,7 @@ impl Brokers {
                     .connect(channel)
                     .await
                     .expect("RabbitMQ source");
-                let t = idem_side(source, pool, c, n, store).await;
+                let t = idem_side(source, pool, c, n, store, false).await;
                 let _ = conn.close(200, "done").await;
                 t
             }
@@ -350,7 +446,16 @@ impl Brokers {
                         .connect(&self.js)
                         .await
                         .expect("JetStream source");
-                idem_side(source, pool, c, n, store).await
+                idem_side(source, pool, c, n, store, false).await
+            }
+            Broker::Kafka => {
+                let source = KafkaSource::builder(&self.kafka, topic, &kafka_group(topic))
+                    .store(self.kafka_counts.clone())
+                    .set("session.timeout.ms", "6000")
+                    .connect()
+                    .await
+                    .expect("Kafka source");
+                idem_side(source, pool, c, n, store, true).await
             }
         }
     }
@@ -363,9 +468,12 @@ impl Brokers {
         pool: &PgPool,
         c: usize,
         n: u64,
-    ) -> Duration {
+    ) -> (Duration, u64) {
         let take = n as usize;
-        match broker {
+        if broker == Broker::Kafka {
+            return kafka_reference(&self.kafka, topic, pool, c, n).await;
+        }
+        let elapsed = match broker {
             Broker::Redis => {
                 let read = self.redis.get_multiplexed_async_connection().await.unwrap();
                 let ack = self.redis.get_multiplexed_async_connection().await.unwrap();
@@ -473,8 +581,92 @@ impl Brokers {
                     .await;
                 started.elapsed()
             }
-        }
+            Broker::Kafka => unreachable!("handled above"),
+        };
+        (elapsed, n)
     }
+}
+
+fn kafka_group(topic: &str) -> String {
+    format!("{topic}.settlement")
+}
+
+/// The hand-written Kafka consumer: one `StreamConsumer`, each partition's
+/// messages on a task of their own in offset order (order per partition, as
+/// idem keeps it), at most `c` transactions at once, a commit one past each
+/// message once its transaction committed.
+async fn kafka_reference(
+    brokers: &str,
+    topic: &str,
+    pool: &PgPool,
+    c: usize,
+    n: u64,
+) -> (Duration, u64) {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    let consumer: Arc<StreamConsumer> = Arc::new(
+        ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("group.id", kafka_group(topic))
+            .set("auto.offset.reset", "earliest")
+            .set("enable.auto.commit", "false")
+            .set("session.timeout.ms", "6000")
+            .create()
+            .expect("Kafka consumer"),
+    );
+    consumer.subscribe(&[topic]).expect("subscribe");
+    let permits = Arc::new(tokio::sync::Semaphore::new(c));
+    let done = Arc::new(AtomicU64::new(0));
+    let first = Arc::new(tokio::sync::Notify::new());
+    let finished = Arc::new(tokio::sync::Notify::new());
+    let mut lanes: HashMap<i32, tokio::sync::mpsc::UnboundedSender<OwnedMessage>> = HashMap::new();
+    let mut workers = Vec::new();
+    let reading = async {
+        loop {
+            let m = consumer.recv().await.expect("a Kafka message").detach();
+            let lane = lanes.entry(m.partition()).or_insert_with(|| {
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<OwnedMessage>();
+                let (consumer, permits, pool) = (consumer.clone(), permits.clone(), pool.clone());
+                let (done, first, finished) = (done.clone(), first.clone(), finished.clone());
+                workers.push(tokio::spawn(async move {
+                    while let Some(m) = rx.recv().await {
+                        let permit = permits.acquire().await.expect("open");
+                        reference_handler(&pool, m.payload().expect("a payload"))
+                            .await
+                            .expect("transaction");
+                        drop(permit);
+                        let mut list = TopicPartitionList::new();
+                        list.add_partition_offset(m.topic(), m.partition(), Offset::Offset(m.offset() + 1))
+                            .expect("an offset");
+                        consumer.commit(&list, CommitMode::Async).expect("commit");
+                        match done.fetch_add(1, Ordering::Relaxed) + 1 {
+                            1 => first.notify_one(),
+                            k if k == n => finished.notify_one(),
+                            _ => {}
+                        }
+                    }
+                }));
+                tx
+            });
+            lane.send(m).expect("a worker");
+        }
+    };
+    let timed = async {
+        first.notified().await;
+        let started = Instant::now();
+        finished.notified().await;
+        started.elapsed()
+    };
+    let elapsed = tokio::select! {
+        () = reading => unreachable!("the read loop never ends"),
+        elapsed = timed => elapsed,
+    };
+    for w in workers {
+        w.abort();
+    }
+    (elapsed, n - 1)
 }
 
 // ---------------------------------------------------------------------------
@@ -509,7 +701,7 @@ async fn cell(
     // so the client's figure does not count it.
     let server = cpu_by_process("postgres");
     let client = process_cpu();
-    let elapsed = match side {
+    let (elapsed, timed) = match side {
         Side::Idem => brokers.idem(broker, &topic, pool, c, n, true).await,
         Side::Runner => brokers.idem(broker, &topic, pool, c, n, false).await,
         Side::Reference => brokers.reference(broker, &topic, pool, c, n).await,
@@ -518,7 +710,7 @@ async fn cell(
     let server = server.and_then(|before| cpu_since("postgres", &before));
     let per_message = |cpu: Duration| cpu.as_secs_f64() * 1e6 / n as f64;
     let measured = Measured {
-        rate: n as f64 / elapsed.as_secs_f64(),
+        rate: timed as f64 / elapsed.as_secs_f64(),
         client_us: per_message(client),
         postgres_us: server.map(per_message),
     };
@@ -559,7 +751,7 @@ async fn bench() -> Result<(), BoxError> {
         .iter()
         .filter_map(|c| c.parse().ok())
         .collect();
-    let brokers_on = list("IDEM_BENCH_BROKERS", "redis,rabbitmq,nats");
+    let brokers_on = list("IDEM_BENCH_BROKERS", "redis,rabbitmq,nats,kafka");
 
     let pg_url = url(
         "IDEM_POSTGRES_URL",
@@ -598,7 +790,22 @@ async fn bench() -> Result<(), BoxError> {
         js: async_nats::jetstream::new(
             async_nats::connect(url("IDEM_NATS_URL", "nats://127.0.0.1:4222")).await?,
         ),
+        kafka: url("IDEM_KAFKA_BROKERS", "127.0.0.1:9092"),
+        kafka_partitions: env("IDEM_BENCH_KAFKA_PARTITIONS", 16),
+        kafka_counts: match url("IDEM_BENCH_KAFKA_COUNTS", "postgres").as_str() {
+            "redis" => RedisStore::connect(&url("IDEM_REDIS_URL", "redis://127.0.0.1:6379"))
+                .await?
+                .store_ref(),
+            _ => PgStore::builder().pool(pool.clone()).await?.store_ref(),
+        },
     };
+    if brokers_on.iter().any(|b| b == "kafka") {
+        println!(
+            "Kafka: {} partitions, delivery counts in {}",
+            brokers.kafka_partitions,
+            brokers.kafka_counts.backend()
+        );
+    }
 
     println!("load average at start: {}", load());
     println!(
@@ -618,11 +825,12 @@ async fn bench() -> Result<(), BoxError> {
         "postgres µs hand/idem/run"
     );
     let mut serial = 0;
-    for broker in [Broker::Redis, Broker::Rabbit, Broker::Nats] {
+    for broker in [Broker::Redis, Broker::Rabbit, Broker::Nats, Broker::Kafka] {
         let key = match broker {
             Broker::Redis => "redis",
             Broker::Rabbit => "rabbitmq",
             Broker::Nats => "nats",
+            Broker::Kafka => "kafka",
         };
         if !brokers_on.iter().any(|b| b == key) {
             continue;
@@ -693,7 +901,9 @@ fn main() {
         .build()
         .expect("a tokio runtime");
     if let Err(e) = rt.block_on(bench()) {
-        eprintln!("error: {e} (PostgreSQL, Redis, RabbitMQ and NATS JetStream must be running)");
+        eprintln!(
+            "error: {e} (PostgreSQL, Redis, RabbitMQ, NATS JetStream and a Kafka broker must be running)"
+        );
         std::process::exit(1);
     }
 }

@@ -1,5 +1,6 @@
 //! What the transactional outbox costs and how fast it drains, on loopback
-//! PostgreSQL, Redis Streams and NATS JetStream.
+//! PostgreSQL, Redis Streams, NATS JetStream and Kafka (any Kafka-protocol
+//! broker; the tests' Tansu on 9092).
 //!
 //! Run by hand, in release mode (CI builds it under clippy and never runs it):
 //!
@@ -14,7 +15,8 @@
 //! #        IDEM_BENCH_LATENCY_RATE (1000 messages/s) IDEM_BENCH_LATENCY_SECONDS (10)
 //! #        IDEM_BENCH_NO_NOTIFY=1 drops the outbox's NOTIFY trigger (what LISTEN
 //! #        costs the writers; the relay then polls every second)
-//! #        IDEM_POSTGRES_URL IDEM_REDIS_URL IDEM_NATS_URL
+//! #        IDEM_BENCH_BROKERS (redis,nats,kafka)
+//! #        IDEM_POSTGRES_URL IDEM_REDIS_URL IDEM_NATS_URL IDEM_KAFKA_BROKERS
 //! ```
 //!
 //! - **(a) writing**: closed-loop writers at concurrency 1, 16 and 64, each
@@ -25,8 +27,9 @@
 //!   drift on a noisy machine cancels out; the spread is the lowest and
 //!   highest per-round ratio to the baseline.
 //! - **(b) relaying**: committed messages (written with `put_all`, 1000 per
-//!   transaction) drained by one `Relay`, to Redis Streams and to JetStream
-//!   (a file-backed stream). The time inside the sink's `publish` is measured,
+//!   transaction) drained by one `Relay`, to Redis Streams, to JetStream
+//!   (a file-backed stream) and to Kafka (a topic of 3 partitions, the
+//!   idempotent producer, `acks=all`). The time inside the sink's `publish` is measured,
 //!   the rest is the relay's claim and mark statements.
 //! - **(c) latency**: one message per transaction at a steady rate (open
 //!   loop: a transaction starts on schedule, whatever the previous ones did),
@@ -42,9 +45,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem_runtime::consumer::BrokerError;
-use idem_runtime::outbox::sink::{JetStreamSink, RedisStreamsSink, Sink};
+use idem_runtime::consumer::kafka;
+use idem_runtime::outbox::sink::{JetStreamSink, KafkaSink, RedisStreamsSink, Sink};
 use idem_runtime::outbox::{self, Message, Outgoing, Relay};
 use idem_runtime::store::sql::PgStore;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -291,11 +298,15 @@ impl Sink for Observed {
 enum Broker {
     Redis,
     Nats,
+    Kafka,
 }
 
 struct Brokers {
     redis: redis::Client,
     js: async_nats::jetstream::Context,
+    kafka: String,
+    /// The brokers `IDEM_BENCH_BROKERS` names, in this order.
+    on: Vec<Broker>,
 }
 
 impl Brokers {
@@ -303,13 +314,31 @@ impl Brokers {
         match broker {
             Broker::Redis => format!("idem-bench-outbox-{run}"),
             Broker::Nats => format!("{NATS_SUBJECT}.{run}"),
+            Broker::Kafka => format!("idem-bench-outbox-{run}-{}", std::process::id()),
         }
     }
 
-    async fn sink(&self, broker: Broker) -> Result<Box<dyn Sink>, BoxError> {
+    /// What the relay publishes to, `topic` made on the broker where it
+    /// must exist first.
+    async fn sink(&self, broker: Broker, topic: &str) -> Result<Box<dyn Sink>, BoxError> {
         Ok(match broker {
             Broker::Redis => Box::new(RedisStreamsSink::connect(&self.redis).await?),
             Broker::Nats => Box::new(JetStreamSink::new(self.js.clone())),
+            Broker::Kafka => {
+                let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+                    .set("bootstrap.servers", &self.kafka)
+                    .create()?;
+                let created = admin
+                    .create_topics(
+                        &[NewTopic::new(topic, 3, TopicReplication::Fixed(1))],
+                        &AdminOptions::new(),
+                    )
+                    .await?;
+                for r in created {
+                    r.map_err(|(t, e)| format!("creating {t}: {e}"))?;
+                }
+                Box::new(KafkaSink::connect(&self.kafka)?)
+            }
         })
     }
 
@@ -328,6 +357,18 @@ impl Brokers {
                 stream.purge().await?;
                 Ok(n)
             }
+            Broker::Kafka => {
+                // Read back (Tansu's memory engine reports wrong high-water
+                // marks), then the topic goes.
+                let n = kafka::parked(&self.kafka, topic, usize::MAX, Duration::from_secs(3))
+                    .await?
+                    .len() as u64;
+                let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+                    .set("bootstrap.servers", &self.kafka)
+                    .create()?;
+                admin.delete_topics(&[topic], &AdminOptions::new()).await?;
+                Ok(n)
+            }
         }
     }
 }
@@ -336,6 +377,7 @@ fn label(b: Broker) -> &'static str {
     match b {
         Broker::Redis => "redis",
         Broker::Nats => "nats",
+        Broker::Kafka => "kafka",
     }
 }
 
@@ -343,6 +385,7 @@ fn broker_name(b: Broker) -> &'static str {
     match b {
         Broker::Redis => "Redis Streams",
         Broker::Nats => "JetStream (file)",
+        Broker::Kafka => "Kafka (Tansu)",
     }
 }
 
@@ -383,7 +426,7 @@ async fn relaying(
         "{:<18} {:>6} {:>10} {:>9} {:>10} {:>9} {:>9} {:>8}",
         "broker", "batch", "written/s", "drain", "drained/s", "publish", "database", "on broker"
     );
-    for broker in [Broker::Redis, Broker::Nats] {
+    for &broker in &brokers.on {
         for &batch in batches {
             sqlx::query("TRUNCATE idem_outbox").execute(pool).await?;
             let run = format!("relay-{}-{batch}", label(broker));
@@ -396,7 +439,7 @@ async fn relaying(
                 .await?;
             let stats = Arc::new(SinkStats::default());
             let sink = Observed {
-                inner: brokers.sink(broker).await?,
+                inner: brokers.sink(broker, &topic).await?,
                 stats: stats.clone(),
                 keep_ids: false,
             };
@@ -454,13 +497,13 @@ async fn latency(
         "{:<18} {:>8} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8}",
         "broker", "sent", "offered/s", "p50", "p90", "p99", "max", "claimed"
     );
-    for broker in [Broker::Redis, Broker::Nats] {
+    for &broker in &brokers.on {
         sqlx::query("TRUNCATE idem_outbox").execute(pool).await?;
         let run = format!("latency-{}", label(broker));
         let topic = brokers.topic(broker, &run);
         let stats = Arc::new(SinkStats::default());
         let sink = Observed {
-            inner: brokers.sink(broker).await?,
+            inner: brokers.sink(broker, &topic).await?,
             stats: stats.clone(),
             keep_ids: true,
         };
@@ -579,7 +622,21 @@ async fn bench() -> Result<(), BoxError> {
         ..Default::default()
     })
     .await?;
-    let brokers = Brokers { redis, js };
+    let on = list("IDEM_BENCH_BROKERS", "redis,nats,kafka")
+        .iter()
+        .filter_map(|b| match b.as_str() {
+            "redis" => Some(Broker::Redis),
+            "nats" => Some(Broker::Nats),
+            "kafka" => Some(Broker::Kafka),
+            _ => None,
+        })
+        .collect();
+    let brokers = Brokers {
+        redis,
+        js,
+        kafka: url("IDEM_KAFKA_BROKERS", "127.0.0.1:9092"),
+        on,
+    };
 
     println!("load average at start: {}", load());
     if matches!(only.as_str(), "" | "write") {
@@ -630,7 +687,7 @@ fn main() {
         .build()
         .expect("a tokio runtime");
     if let Err(e) = rt.block_on(bench()) {
-        eprintln!("error: {e} (PostgreSQL, Redis and NATS JetStream must be running)");
+        eprintln!("error: {e} (PostgreSQL, Redis, NATS JetStream and a Kafka broker must be running)");
         std::process::exit(1);
     }
 }

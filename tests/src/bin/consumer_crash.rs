@@ -7,7 +7,15 @@
 //! consumer_crash <consumer name> <redis key prefix> rabbitmq <queue>
 //! consumer_crash <consumer name> <redis key prefix> nats <stream> <parking subject>
 //! consumer_crash <consumer name> <redis key prefix> kafka <topic> <group>
+//! consumer_crash <consumer name> <redis key prefix> kafka-tx <topic> <group> <table>
 //! ```
+//!
+//! `kafka-tx` is the Kafka consumer the way a payment service runs it: each
+//! message one PostgreSQL transaction (`IDEM_POSTGRES_URL`) holding idem's
+//! claim and a row in `<table>` (the parent's to create and read), the
+//! deliveries counted in a `PgStore` on the same database, `concurrency(3)`.
+//! A kill can then land anywhere and the row is still there once or not at
+//! all; the parent reads it against the group's committed offsets.
 //!
 //! The handler's idem records and what it did live in Redis under the prefix
 //! (`IDEM_REDIS_URL`), which every process of a scenario shares: the hash
@@ -48,6 +56,24 @@ enum SettleError {
     Idem(#[from] idem_runtime::Error),
     #[error(transparent)]
     Redis(#[from] redis::RedisError),
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+}
+
+/// The `kafka-tx` handler: the row and idem's record commit together.
+#[idempotent(consumer, event = "SETTLE", key = "e.order_id", scope = "tests.consumer.kafka_tx", tx = tx)]
+async fn settle_in_tx(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    table: &str,
+    e: OrderPaid,
+) -> Result<(), SettleError> {
+    // A little work inside the transaction, so a kill lands mid-message.
+    tokio::time::sleep(Duration::from_millis(3)).await;
+    sqlx::query(&format!("INSERT INTO {table} (order_id) VALUES ($1)"))
+        .bind(&e.order_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
 }
 
 struct Ledger {
@@ -190,6 +216,29 @@ async fn run(args: &[String]) -> Result<BrokerError, Box<dyn std::error::Error>>
                 .connect()
                 .await?;
             consume(source, ledger).await
+        }
+        ("kafka-tx", [topic, group, table]) => {
+            let pool = sqlx::PgPool::connect(&services::postgres_url()).await?;
+            let counts = idem_runtime::store::sql::PgStore::builder()
+                .pool(pool.clone())
+                .await?;
+            let source = KafkaSource::builder(&services::kafka_brokers(), topic, group)
+                .store(counts)
+                .set("client.id", name.as_str())
+                .set("session.timeout.ms", "6000")
+                .set("heartbeat.interval.ms", "500")
+                .connect()
+                .await?;
+            say("ready");
+            // The handler's future may borrow only the transaction: the
+            // name lives as long as the process.
+            let table: &'static str = Box::leak(table.clone().into_boxed_str());
+            runner()
+                .concurrency(3)
+                .run_in_tx(Logged(source), &pool, |tx, e: OrderPaid| {
+                    Box::pin(settle_in_tx(tx, table, e))
+                })
+                .await
         }
         _ => return Err(format!("unknown broker arguments: {broker} {rest:?}").into()),
     })
