@@ -64,7 +64,7 @@ use idem_runtime::consumer::rabbitmq::{self, RabbitMqSource};
 use idem_runtime::consumer::redis_streams::{PAYLOAD_FIELD, RedisStreamsSource};
 use idem_runtime::consumer::{Runner, Source, mark_rolled_back};
 use idem_runtime::idempotent;
-use idem_runtime::store::StoreRef;
+use idem_runtime::store::{AsStore, Store, StoreRef};
 use idem_runtime::store::redis::RedisStore;
 use idem_runtime::store::sql::PgStore;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -174,15 +174,17 @@ async fn idem_side<S: Source>(
             reference_tx(pool, &e).await
         }
     });
+    // Polled every 5 ms: a wake-up per millisecond cost the consumer
+    // measurable CPU on two cores; 5 ms is under 0.2 % of a default cell.
     let done = async {
         if from_first {
             while runner.stats().acked < 1 {
-                tokio::time::sleep(Duration::from_millis(1)).await;
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
             started = Instant::now();
         }
         while runner.stats().acked < n {
-            tokio::time::sleep(Duration::from_millis(1)).await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     };
     tokio::select! {
@@ -396,14 +398,11 @@ impl Brokers {
             Broker::Nats => {
                 self.js.delete_stream(topic).await?;
             }
-            Broker::Kafka => {
-                for r in kafka_admin(&self.kafka)?
-                    .delete_topics(&[topic], &AdminOptions::new())
-                    .await?
-                {
-                    r.map_err(|(t, e)| format!("deleting {t}: {e}"))?;
-                }
-            }
+            // Left in place: deleting a topic made librdkafka crash in its
+            // metadata cache (SIGSEGV in rd_kafka_metadata_cache_find) on
+            // the next cell against Tansu; each cell's topic has a name of
+            // its own, and the memory engine forgets them all on restart.
+            Broker::Kafka => {}
         }
         Ok(())
     }

@@ -1,11 +1,25 @@
 //! Kafka keeps no delivery count: a message is at an offset, and a consumer
 //! that crashed while running it leaves only its last commit behind. The
-//! count lives in the idem store instead, under the message's group, topic,
-//! partition and offset: each delivery claims that key with a fresh token and
-//! a lease that has already run out, so the next delivery takes it over and
-//! the store's fence, which grows by one with every owner of a key, is the
-//! number of deliveries so far. Written before the handler runs, it counts a
-//! delivery that ended with its process as much as one that failed.
+//! count lives in the idem store instead. A count is a claim on a key with a
+//! fresh token and a lease that has already run out, so the next claim takes
+//! it over and the store's fence, which grows by one with every owner of a
+//! key, is the number of claims so far. Written before the handler runs, it
+//! counts a delivery that ended with its process as much as one that failed.
+//!
+//! One write per message would put a store round trip in front of every
+//! message, so the offsets of a partition go in blocks of [`BLOCK`]: before
+//! an owner hands out the first message of a block, it claims the block's
+//! key. A fence of 1 says no one handed out any message of the block before
+//! (each would have claimed it first), so its messages' first deliveries
+//! under this owner are first deliveries: nothing more to write. A higher
+//! fence says an earlier owner (one that crashed, or lost the partition)
+//! may have handed some of them out uncounted, at most once each, so from
+//! then on each message of the block is counted on its own key, as one more
+//! than its fence: a message that kills every owner is parked at
+//! `max_deliveries` all the same, and a message the earlier owner never
+//! reached counts one delivery more than it had. A message handed out again
+//! by the same owner (a retry, a dropped delivery) is counted on its own key
+//! too.
 
 use std::time::Duration;
 
@@ -15,6 +29,9 @@ use crate::store::{Claim, ClaimRequest, Store, StoreRef, Token};
 
 /// The scope of the count keys.
 pub(super) const SCOPE: &str = "idem.consumer.kafka.deliveries";
+
+/// Offsets per block (see the module's doc).
+pub(super) const BLOCK: i64 = 128;
 
 /// The key a message's deliveries are counted under.
 pub(super) fn key(group: &str, topic: &str, partition: i32, offset: i64) -> Key {
@@ -26,8 +43,24 @@ pub(super) fn key(group: &str, topic: &str, partition: i32, offset: i64) -> Key 
         .finish()
 }
 
-/// Counts one more delivery of the message and returns how many there have
-/// been, this one included.
+/// The key an owner claims before it hands out the block's first message.
+pub(super) fn block_key(group: &str, topic: &str, partition: i32, block: i64) -> Key {
+    Key::builder(SCOPE)
+        .part(group)
+        .part(topic)
+        .part(&partition)
+        .part("block")
+        .part(&block)
+        .finish()
+}
+
+/// Which block an offset is in.
+pub(super) fn block_of(offset: i64) -> i64 {
+    offset.div_euclid(BLOCK)
+}
+
+/// Claims `key` once more and returns how many claims it has had, this one
+/// included.
 pub(super) async fn one_more(
     store: &StoreRef,
     key: &Key,

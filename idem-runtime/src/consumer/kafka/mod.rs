@@ -20,11 +20,18 @@
 //!   still runs). A partition assigned again starts afresh.
 //! - **Counting deliveries.** Kafka keeps no count, so the count lives in the
 //!   idem store (the one given to [`KafkaBuilder::store`], else the installed
-//!   one) under the message's group, topic, partition and offset, written
-//!   before each delivery is handed out: a delivery that ended with its
-//!   process counts, and a message that kills its consumer every time is
-//!   parked at `max_deliveries`. That is one store write per delivery; the
-//!   count keys live [`keep_counts`](KafkaBuilder::keep_counts) (7 days).
+//!   one), written before a delivery is handed out: a delivery that ended
+//!   with its process counts, and a message that kills its consumer every
+//!   time is parked at `max_deliveries`. While a partition keeps its owner
+//!   that is one store write per 128 offsets (a claim on the block's key
+//!   saying no one handed any of them out before); where an earlier owner
+//!   may have handed a message out (it crashed or lost the partition in that
+//!   block), and for a message handed out again, one write per delivery under
+//!   the message's group, topic, partition and offset, and the count is one
+//!   more than the writes, for the uncounted first delivery it may have had:
+//!   after a partition changes owner, up to 127 messages the earlier owner
+//!   never reached count a delivery more than they had. The count keys live
+//!   [`keep_counts`](KafkaBuilder::keep_counts) (7 days).
 //! - **`InProgress`** keeps the message in flight and runs it again after the
 //!   delay, uncounted; a **retry** is counted.
 //! - **Parking** produces a copy to the parking topic (`<topic>.parked`
@@ -76,6 +83,7 @@
 mod count;
 mod partitions;
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
@@ -372,6 +380,7 @@ impl KafkaBuilder {
         let link = Arc::new(Link {
             consumer,
             shared,
+            blocks: Mutex::default(),
             producer,
             store,
             group: self.group,
@@ -387,6 +396,8 @@ impl KafkaBuilder {
 struct Link {
     consumer: Client,
     shared: Arc<Shared>,
+    /// Per partition, the block of offsets last claimed (see `count`).
+    blocks: Mutex<HashMap<Tp, Block>>,
     producer: FutureProducer,
     store: StoreRef,
     group: String,
@@ -439,12 +450,10 @@ impl KafkaSource {
         }
     }
 
-    async fn hand_out(&self, out: Out) -> Result<KafkaDelivery, Out> {
-        let l = &self.link;
-        let m = &out.waiting.message;
-        let key = count::key(&l.group, m.topic(), m.partition(), m.offset());
-        match count::one_more(&l.store, &key, l.keep_counts).await {
+    async fn hand_out(&self, mut out: Out) -> Result<KafkaDelivery, Out> {
+        match self.count(&out).await {
             Ok(attempt) => {
+                let m = &out.waiting.message;
                 let message_id = m.headers().and_then(|h| {
                     h.iter()
                         .find(|h| h.key == MESSAGE_ID_HEADER)
@@ -452,8 +461,9 @@ impl KafkaSource {
                         .and_then(|v| std::str::from_utf8(v).ok())
                         .map(str::to_owned)
                 });
+                out.waiting.handed = true;
                 Ok(KafkaDelivery {
-                    link: l.clone(),
+                    link: self.link.clone(),
                     out: Some(out),
                     attempt,
                     message_id,
@@ -465,6 +475,55 @@ impl KafkaSource {
             }
         }
     }
+
+    /// How many times the message has been delivered, this time included,
+    /// written to the store where it must be (see `count`'s doc): once per
+    /// block of offsets while a partition keeps its owner, once per message
+    /// where an earlier owner may have handed it out.
+    async fn count(&self, out: &Out) -> Result<u32, crate::error::StoreError> {
+        let l = &self.link;
+        let m = &out.waiting.message;
+        let block = count::block_of(m.offset());
+        let known = l
+            .blocks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&out.tp)
+            .filter(|b| b.epoch == out.epoch && b.block == block)
+            .map(|b| b.fresh);
+        let fresh = match known {
+            Some(fresh) => fresh,
+            None => {
+                let key = count::block_key(&l.group, m.topic(), m.partition(), block);
+                let fresh = count::one_more(&l.store, &key, l.keep_counts).await? == 1;
+                l.blocks.lock().unwrap_or_else(|p| p.into_inner()).insert(
+                    out.tp.clone(),
+                    Block {
+                        epoch: out.epoch,
+                        block,
+                        fresh,
+                    },
+                );
+                fresh
+            }
+        };
+        if fresh && !out.waiting.handed {
+            return Ok(1);
+        }
+        let key = count::key(&l.group, m.topic(), m.partition(), m.offset());
+        let fence = count::one_more(&l.store, &key, l.keep_counts).await?;
+        // Its first delivery went uncounted (a fresh block's), or may have
+        // (an earlier owner's).
+        Ok(fence.saturating_add(1))
+    }
+}
+
+/// The block of offsets a partition's owner last claimed, in which epoch,
+/// and whether it was the block's first claim.
+struct Block {
+    epoch: u64,
+    block: i64,
+    fresh: bool,
 }
 
 /// A consumer error worth waiting out: the client reconnects by itself.

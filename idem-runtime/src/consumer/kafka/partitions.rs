@@ -29,6 +29,8 @@ pub(super) const RESUME_AT: usize = 100;
 /// One message waiting in its partition.
 pub(super) struct Waiting {
     pub(super) message: OwnedMessage,
+    /// It was handed out before in this epoch (and put back).
+    pub(super) handed: bool,
 }
 
 #[derive(Default)]
@@ -97,7 +99,10 @@ impl Partitions {
             return Flow::default();
         }
         part.read = Some(message.offset());
-        part.queue.push_back(Waiting { message });
+        part.queue.push_back(Waiting {
+            message,
+            handed: false,
+        });
         let pause = !part.paused && part.queue.len() >= PAUSE_AT;
         part.paused |= pause;
         Flow {
