@@ -64,9 +64,9 @@ use idem_runtime::consumer::rabbitmq::{self, RabbitMqSource};
 use idem_runtime::consumer::redis_streams::{PAYLOAD_FIELD, RedisStreamsSource};
 use idem_runtime::consumer::{Runner, Source, mark_rolled_back};
 use idem_runtime::idempotent;
-use idem_runtime::store::{AsStore, Store, StoreRef};
 use idem_runtime::store::redis::RedisStore;
 use idem_runtime::store::sql::PgStore;
+use idem_runtime::store::{AsStore, Store, StoreRef};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
@@ -637,8 +637,12 @@ async fn kafka_reference(
                             .expect("transaction");
                         drop(permit);
                         let mut list = TopicPartitionList::new();
-                        list.add_partition_offset(m.topic(), m.partition(), Offset::Offset(m.offset() + 1))
-                            .expect("an offset");
+                        list.add_partition_offset(
+                            m.topic(),
+                            m.partition(),
+                            Offset::Offset(m.offset() + 1),
+                        )
+                        .expect("an offset");
                         consumer.commit(&list, CommitMode::Async).expect("commit");
                         match done.fetch_add(1, Ordering::Relaxed) + 1 {
                             1 => first.notify_one(),

@@ -355,7 +355,10 @@ async fn run_redis() -> Result<bool, Box<dyn std::error::Error>> {
 
 /// The group's committed offset per partition (partitions without one
 /// left out).
-fn committed(topic: &str, partitions: i32) -> Result<HashMap<i32, i64>, rdkafka::error::KafkaError> {
+fn committed(
+    topic: &str,
+    partitions: i32,
+) -> Result<HashMap<i32, i64>, rdkafka::error::KafkaError> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::{Offset, TopicPartitionList};
 
@@ -455,7 +458,9 @@ async fn run_kafka() -> Result<bool, Box<dyn std::error::Error>> {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let now = committed(&topic, PARTITIONS)?;
-        let drained = last.iter().all(|(p, top)| now.get(p).is_some_and(|c| c > top));
+        let drained = last
+            .iter()
+            .all(|(p, top)| now.get(p).is_some_and(|c| c > top));
         if drained && settled(&pool).await >= ORDERS as i64 {
             break;
         }
@@ -513,7 +518,9 @@ fn main() -> ExitCode {
         Err(e) => {
             match broker {
                 Broker::Redis => eprintln!("error: {e} (is Redis running at {}?)", redis_url()),
-                Broker::Kafka => eprintln!("error: {e} (is a Kafka broker at {}?)", kafka_brokers()),
+                Broker::Kafka => {
+                    eprintln!("error: {e} (is a Kafka broker at {}?)", kafka_brokers())
+                }
             }
             ExitCode::FAILURE
         }
