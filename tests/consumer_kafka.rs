@@ -512,3 +512,65 @@ async fn a_dropped_delivery_commits_nothing_and_comes_back_first() {
     })
     .await;
 }
+
+/// Delivery counts past the first block of offsets (counts are claimed per
+/// 128 offsets while a partition keeps its owner, the next block ahead of
+/// time): a message at offset 130 whose owner dies before deciding it, three
+/// owners in a row, is counted 1, 2, 3; the 130 before it, acked by the
+/// first owner, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_past_the_first_block_that_outlives_its_owners_is_counted_each_time() {
+    use idem_runtime::consumer::{Delivery, Source};
+    let Some(b) = Kafka::new().await else { return };
+    for i in 0..131 {
+        let body = serde_json::to_vec(&order(format!("block-{i}"))).unwrap();
+        let sent = b
+            .producer
+            .send(
+                FutureRecord::<str, [u8]>::to(&b.topic)
+                    .partition(0)
+                    .payload(&body),
+                Duration::from_secs(30),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+        b.note((sent.partition, sent.offset));
+    }
+    let next = async |source: &mut KafkaSource| {
+        tokio::time::timeout(Duration::from_secs(60), source.next())
+            .await
+            .expect("a delivery within 60 s")
+            .unwrap()
+    };
+    let mut first = b.consumer("first-owner").await;
+    for offset in 0..130 {
+        let d = next(&mut first).await;
+        assert_eq!(
+            (d.position(), d.attempt()),
+            (Some((b.topic.as_str(), 0, offset)), 1)
+        );
+        d.ack().await.unwrap();
+    }
+    eventually("the first owner's acks are committed", || async {
+        committed_offsets(&b).get(&0) == Some(&130)
+    })
+    .await;
+    let mut owner = first;
+    for attempt in 1..=3 {
+        let d = next(&mut owner).await;
+        assert_eq!(
+            (d.position(), d.attempt()),
+            (Some((b.topic.as_str(), 0, 130)), attempt),
+            "delivery {attempt} of the message at offset 130"
+        );
+        if attempt == 3 {
+            break;
+        }
+        // The owner dies holding it: no verdict, no commit, it leaves the
+        // group; the next owner starts from the last commit.
+        drop(owner);
+        drop(d);
+        owner = b.consumer(&format!("owner-{}", attempt + 1)).await;
+    }
+}

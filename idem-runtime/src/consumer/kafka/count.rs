@@ -19,7 +19,10 @@
 //! `max_deliveries` all the same, and a message the earlier owner never
 //! reached counts one delivery more than it had. A message handed out again
 //! by the same owner (a retry, a dropped delivery) is counted on its own key
-//! too.
+//! too. While a partition is in a block, the next block is claimed in the
+//! background, so no delivery waits on the store at a block's edge; a block
+//! claimed that way and never reached only makes its next owner count one
+//! by one.
 
 use std::time::Duration;
 

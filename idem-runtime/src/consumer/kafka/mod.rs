@@ -486,28 +486,15 @@ impl KafkaSource {
         let l = &self.link;
         let m = &out.waiting.message;
         let block = count::block_of(m.offset());
-        let known = l
-            .blocks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&out.tp)
-            .filter(|b| b.epoch == out.epoch && b.block == block)
-            .map(|b| b.fresh);
-        let fresh = match known {
-            Some(fresh) => fresh,
-            None => {
-                let key = count::block_key(&l.group, m.topic(), m.partition(), block);
-                let fresh = count::one_more(&l.store, &key, l.keep_counts).await? == 1;
-                l.blocks.lock().unwrap_or_else(|p| p.into_inner()).insert(
-                    out.tp.clone(),
-                    Block {
-                        epoch: out.epoch,
-                        block,
-                        fresh,
-                    },
-                );
-                fresh
-            }
+        let fresh = match self.known_block(out, block) {
+            Known::Current(fresh) => fresh,
+            Known::Ahead(claim) => match claim.await {
+                Ok(Ok(fresh)) => self.enter_block(out, block, fresh),
+                // Claimed again now: a second claim only makes the block
+                // look handed out before, which counts more, never less.
+                Ok(Err(_)) | Err(_) => self.claim_block(out, block).await?,
+            },
+            Known::Nothing => self.claim_block(out, block).await?,
         };
         if fresh && !out.waiting.handed {
             return Ok(1);
@@ -518,14 +505,69 @@ impl KafkaSource {
         // (an earlier owner's).
         Ok(fence.saturating_add(1))
     }
+
+    /// What this owner already knows of `block` in the delivery's epoch.
+    fn known_block(&self, out: &Out, block: i64) -> Known {
+        let mut blocks = self.link.blocks.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(b) = blocks.get_mut(&out.tp).filter(|b| b.epoch == out.epoch) else {
+            return Known::Nothing;
+        };
+        if b.block == block {
+            return Known::Current(b.fresh);
+        }
+        match b.ahead.take() {
+            Some((next, claim)) if next == block => Known::Ahead(claim),
+            _ => Known::Nothing,
+        }
+    }
+
+    async fn claim_block(&self, out: &Out, block: i64) -> Result<bool, crate::error::StoreError> {
+        let l = &self.link;
+        let key = count::block_key(&l.group, &out.tp.0, out.tp.1, block);
+        let fresh = count::one_more(&l.store, &key, l.keep_counts).await? == 1;
+        Ok(self.enter_block(out, block, fresh))
+    }
+
+    /// The partition is in `block` now; the next block is claimed in the
+    /// background, so that claim is over by the time the partition gets
+    /// there and no `next` waits on the store for it. (Claimed and never
+    /// reached, it makes the next owner count that block's messages one by
+    /// one: more writes, never fewer counts.)
+    fn enter_block(&self, out: &Out, block: i64, fresh: bool) -> bool {
+        let l = &self.link;
+        let (store, keep) = (l.store.clone(), l.keep_counts);
+        let key = count::block_key(&l.group, &out.tp.0, out.tp.1, block + 1);
+        let claim =
+            tokio::spawn(async move { Ok(count::one_more(&store, &key, keep).await? == 1) });
+        l.blocks.lock().unwrap_or_else(|p| p.into_inner()).insert(
+            out.tp.clone(),
+            Block {
+                epoch: out.epoch,
+                block,
+                fresh,
+                ahead: Some((block + 1, claim)),
+            },
+        );
+        fresh
+    }
 }
 
-/// The block of offsets a partition's owner last claimed, in which epoch,
-/// and whether it was the block's first claim.
+/// The block of offsets a partition's owner is in, in which epoch, whether
+/// it was the block's first claim, and the next block's claim under way.
 struct Block {
     epoch: u64,
     block: i64,
     fresh: bool,
+    ahead: Option<(i64, BlockClaim)>,
+}
+
+/// A block's claim in the background: whether it was the block's first.
+type BlockClaim = tokio::task::JoinHandle<Result<bool, crate::error::StoreError>>;
+
+enum Known {
+    Current(bool),
+    Ahead(BlockClaim),
+    Nothing,
 }
 
 /// A consumer error worth waiting out: the client reconnects by itself.
