@@ -22,6 +22,8 @@ mod claim;
 mod compensate;
 mod heartbeat;
 mod hint;
+#[cfg(feature = "testing")]
+pub(crate) mod labels;
 mod record;
 pub(crate) mod recovering;
 pub(crate) mod report;
@@ -686,6 +688,8 @@ where
     F: Future<Output = Result<T, E>>,
     P: ErrorPolicy<E>,
 {
+    #[cfg(feature = "testing")]
+    labels::note(key, spec.kind, spec.scope);
     let call = async move {
         let policy = &policy;
         let Some(store) = store.or_else(default_store) else {

@@ -1,0 +1,771 @@
+//! Prove your own handlers idempotent (feature `testing`): an explorer that
+//! runs your call once cleanly, then once per fault point of that run, each
+//! on fresh state, and compares what came out.
+//!
+//! idem makes the claim, the steps and the replays safe; your body can still
+//! break the rule that one run and N runs leave the same state and the same
+//! number of side effects: a write made in the body instead of in a
+//! `#[step]`, a step that is not "conflict is success" on its own row, a
+//! step whose output depends on the clock. The explorer finds those before
+//! production does.
+//!
+//! You give it three closures: how to make fresh state around a store (your
+//! service, on fresh tables, its `#[idempotent]` functions given that store
+//! with `store = …`), the call to make, and a snapshot of what must come out
+//! the same (your business rows and your effect counters, any `PartialEq +
+//! Debug` value). The store it hands you is the one to use: it passes every
+//! operation to a real store (a [`MemoryStore`] on a [`ManualClock`] unless
+//! you give [`Explorer::store`]) and holds the operation a schedule names.
+//! The fault points are your call's store operations in the clean run: each
+//! claim and each record of the call and of every step. At each one:
+//!
+//! - **cut off** (before the operation reaches the store, and after it did):
+//!   the caller's future is dropped, as a timeout or a killed process drops
+//!   it; the lease runs out on the clock, and the call is retried until it
+//!   succeeds;
+//! - **duplicate**: a second call arrives while the first is held there, and
+//!   then the first goes on; one more schedule sends the duplicate after the
+//!   first call's result is stored;
+//! - **stale owner**: the first call is held there past its lease, a second
+//!   call takes the record over and finishes, then the first goes on.
+//!
+//! After each schedule every call that returned `Ok` must have returned the
+//! clean run's value, every `Err` must be one idem documents for that
+//! situation (`InProgress`, `KeyReuse`, a lost lease, a fenced completion;
+//! read from idem's own report of the call, whatever your error type), the
+//! call must succeed within a few retries, and the snapshot must equal the
+//! clean run's. The first failing schedule is reported as what happened in
+//! order, with the snapshot's difference.
+//!
+//! ```
+//! use std::collections::BTreeSet;
+//! use std::sync::{Arc, Mutex};
+//! use idem_runtime::store::StoreRef;
+//! use idem_runtime::testing::Explorer;
+//! use idem_runtime::{idempotent, step};
+//!
+//! struct Shop {
+//!     store: StoreRef,
+//!     /// The payment provider's charges, by the idempotency key sent.
+//!     charges: Mutex<BTreeSet<String>>,
+//! }
+//!
+//! impl Shop {
+//!     #[idempotent(scope = "doc.checkout", key = "order", store = self.store.clone())]
+//!     async fn checkout(&self, order: u64) -> Result<u64, idem_runtime::Error> {
+//!         self.charge(order).await
+//!     }
+//!
+//!     /// The provider gets the step's key: a charge sent again after a
+//!     /// crash is the same charge. (Send none, and the explorer reports
+//!     /// two charges after a cut off before the step's record.)
+//!     #[step("charge")]
+//!     async fn charge(&self, order: u64) -> Result<u64, idem_runtime::Error> {
+//!         let key = idem_runtime::current_key().expect("inside a step").to_hex();
+//!         self.charges.lock().unwrap().insert(key);
+//!         Ok(order * 100)
+//!     }
+//! }
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let report = Explorer::new(
+//!     |store| async move { Arc::new(Shop { store, charges: Mutex::default() }) },
+//!     |shop: Arc<Shop>| async move { shop.checkout(7).await },
+//!     |shop: Arc<Shop>| async move { shop.charges.lock().unwrap().len() },
+//! )
+//! .run()
+//! .await;
+//! report.assert_passed();
+//! assert_eq!(report.explored(), 17); // 4 points, 4 schedules each, and one more
+//! # });
+//! ```
+//!
+//! What it cannot see: effects outside the process that your snapshot does
+//! not read; a crash between two system calls of one await (a cut off drops
+//! the future at an await, as a killed process stops at one); code that
+//! behaves differently on every run (the fault points come from the clean
+//! run; a point a later run does not reach is counted as skipped).
+//!
+//! [`MemoryStore`]: crate::store::memory::MemoryStore
+
+mod faults;
+
+use std::fmt::{self, Debug};
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
+
+use crate::clock::ManualClock;
+use crate::observe::CallOutcome;
+use crate::protocol::report::{self, Noted};
+use crate::store::StoreRef;
+use crate::store::memory::MemoryStore;
+use faults::{FaultStore, Hold, as_caller};
+
+/// Which faults the explorer tries (all of them unless narrowed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Faults {
+    cut_offs: bool,
+    duplicates: bool,
+    stale_owners: bool,
+}
+
+impl Faults {
+    /// Every kind.
+    pub const ALL: Faults = Faults {
+        cut_offs: true,
+        duplicates: true,
+        stale_owners: true,
+    };
+    /// Callers cut off before and after each store operation, then retried.
+    pub const CUT_OFFS: Faults = Faults {
+        cut_offs: true,
+        duplicates: false,
+        stale_owners: false,
+    };
+    /// A duplicate at each store operation, and one after the result.
+    pub const DUPLICATES: Faults = Faults {
+        cut_offs: false,
+        duplicates: true,
+        stale_owners: false,
+    };
+    /// A caller stalled past its lease at each store operation, then going on.
+    pub const STALE_OWNERS: Faults = Faults {
+        cut_offs: false,
+        duplicates: false,
+        stale_owners: true,
+    };
+
+    /// Both sets.
+    pub const fn and(self, other: Faults) -> Faults {
+        Faults {
+            cut_offs: self.cut_offs || other.cut_offs,
+            duplicates: self.duplicates || other.duplicates,
+            stale_owners: self.stale_owners || other.stale_owners,
+        }
+    }
+}
+
+/// One schedule: where the first call is held and what happens then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Schedule {
+    CutOff { op: usize, after: bool },
+    Duplicate { op: usize },
+    DuplicateAfterResult,
+    StaleOwner { op: usize },
+}
+
+impl Schedule {
+    fn kind(self) -> &'static str {
+        match self {
+            Schedule::CutOff { after: false, .. } => "cut off before a store operation",
+            Schedule::CutOff { after: true, .. } => "cut off after a store operation",
+            Schedule::Duplicate { .. } => "duplicate while the first call runs",
+            Schedule::DuplicateAfterResult => "duplicate after the result is stored",
+            Schedule::StaleOwner { .. } => "stale owner going on after a takeover",
+        }
+    }
+
+    fn hold(self) -> Option<Hold> {
+        let (op, after) = match self {
+            Schedule::CutOff { op, after } => (op, after),
+            Schedule::Duplicate { op } | Schedule::StaleOwner { op } => (op, false),
+            Schedule::DuplicateAfterResult => return None,
+        };
+        Some(Hold {
+            caller: 1,
+            op,
+            after,
+        })
+    }
+}
+
+type Fresh<S> = Box<dyn Fn(StoreRef) -> BoxFuture<'static, S> + Send + Sync>;
+type Call<S, T, E> = Box<dyn Fn(S) -> BoxFuture<'static, Result<T, E>> + Send + Sync>;
+type Snapshot<S, P> = Box<dyn Fn(S) -> BoxFuture<'static, P> + Send + Sync>;
+type MakeStore = Box<dyn Fn(ManualClock) -> BoxFuture<'static, StoreRef> + Send + Sync>;
+
+/// The explorer: see the [module docs](self).
+pub struct Explorer<S, T, E, P> {
+    fresh: Fresh<S>,
+    call: Call<S, T, E>,
+    snapshot: Snapshot<S, P>,
+    store: MakeStore,
+    faults: Faults,
+    step: Option<String>,
+    retries: u32,
+    real_lease: Option<Duration>,
+}
+
+/// What a caller got, and what idem said its call did.
+struct Got<T, E> {
+    out: Result<T, E>,
+    noted: Option<Noted>,
+}
+
+/// How a schedule went wrong.
+struct Wrong(String);
+
+impl<S, T, E, P> Explorer<S, T, E, P>
+where
+    S: Clone + Send + Sync + 'static,
+    T: PartialEq + Debug + Send + 'static,
+    E: Debug + Send + 'static,
+    P: PartialEq + Debug + Send + 'static,
+{
+    /// `fresh` makes your service around the store it is given (fresh
+    /// tables, fresh counters: it runs once per schedule), `call` makes the
+    /// call under test, `snapshot` reads what must come out the same.
+    pub fn new<FF, FFut, CF, CFut, SF, SFut>(fresh: FF, call: CF, snapshot: SF) -> Self
+    where
+        FF: Fn(StoreRef) -> FFut + Send + Sync + 'static,
+        FFut: Future<Output = S> + Send + 'static,
+        CF: Fn(S) -> CFut + Send + Sync + 'static,
+        CFut: Future<Output = Result<T, E>> + Send + 'static,
+        SF: Fn(S) -> SFut + Send + Sync + 'static,
+        SFut: Future<Output = P> + Send + 'static,
+    {
+        Explorer {
+            fresh: Box::new(move |store| Box::pin(fresh(store))),
+            call: Box::new(move |s| Box::pin(call(s))),
+            snapshot: Box::new(move |s| Box::pin(snapshot(s))),
+            store: Box::new(|clock| {
+                Box::pin(async move { StoreRef::new(MemoryStore::builder().clock(clock).build()) })
+            }),
+            faults: Faults::ALL,
+            step: None,
+            retries: 5,
+            real_lease: None,
+        }
+    }
+
+    /// The store under the explorer's, made once per schedule on the clock
+    /// the explorer moves (a SQLite or PostgreSQL store built with that
+    /// clock, on fresh tables). Default: a [`MemoryStore`].
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "sqlite")] {
+    /// # use idem_runtime::testing::Explorer;
+    /// # use idem_runtime::store::AsStore;
+    /// use idem_runtime::store::sql::SqliteStore;
+    /// # fn go(explorer: Explorer<(), (), (), ()>) -> Explorer<(), (), (), ()> {
+    /// explorer.store(|clock| async move {
+    ///     let store = SqliteStore::builder().clock(clock).in_memory().await;
+    ///     store.expect("an in-memory SQLite store").store_ref()
+    /// })
+    /// # }
+    /// # }
+    /// ```
+    pub fn store<F, Fut>(mut self, make: F) -> Self
+    where
+        F: Fn(ManualClock) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = StoreRef> + Send + 'static,
+    {
+        self.store = Box::new(move |clock| Box::pin(make(clock)));
+        self
+    }
+
+    /// For a store that keeps time itself (PostgreSQL, MySQL and Redis use
+    /// the server's clock, so moving the explorer's clock ends no lease):
+    /// wait this long in real time wherever a lease must run out. Give the
+    /// call under test a lease shorter than this (`lease = "200ms"`).
+    pub fn real_time_leases(mut self, wait: Duration) -> Self {
+        self.real_lease = Some(wait);
+        self
+    }
+
+    /// Moves the clock past any lease claimed so far.
+    async fn outlast_leases(&self, clock: &ManualClock, store: &FaultStore) -> Duration {
+        clock.advance(store.lease());
+        match self.real_lease {
+            Some(wait) => {
+                tokio::time::sleep(wait).await;
+                wait
+            }
+            None => store.lease(),
+        }
+    }
+
+    /// Only these faults.
+    pub fn only(mut self, faults: Faults) -> Self {
+        self.faults = faults;
+        self
+    }
+
+    /// Only the fault points at the store operations of the step `name`.
+    pub fn step(mut self, name: &str) -> Self {
+        self.step = Some(name.to_owned());
+        self
+    }
+
+    /// How many times the call is retried after a fault before the schedule
+    /// fails for never succeeding (default 5).
+    pub fn retries(mut self, n: u32) -> Self {
+        self.retries = n;
+        self
+    }
+
+    /// Runs the clean call, then every schedule, and reports.
+    pub async fn run(self) -> Report {
+        let started = Instant::now();
+        let clean = self.clean().await;
+        let mut report = Report {
+            explored: 0,
+            skipped: 0,
+            by_kind: Vec::new(),
+            failure: None,
+            clean_ops: Vec::new(),
+            elapsed: Duration::ZERO,
+        };
+        let (value, snapshot, ops) = match clean {
+            Ok(clean) => clean,
+            Err(problem) => {
+                report.failure = Some(Failure {
+                    schedule: "the clean run".to_owned(),
+                    events: Vec::new(),
+                    problem,
+                });
+                report.elapsed = started.elapsed();
+                return report;
+            }
+        };
+        report.clean_ops = ops.clone();
+        for schedule in self.schedules(&ops) {
+            let (events, outcome) = self.one(schedule, &value, &snapshot).await;
+            match outcome {
+                Ok(true) => {
+                    report.explored += 1;
+                    report.count(schedule.kind());
+                }
+                Ok(false) => report.skipped += 1,
+                Err(Wrong(problem)) => {
+                    report.explored += 1;
+                    report.count(schedule.kind());
+                    report.failure = Some(Failure {
+                        schedule: describe(schedule, &ops),
+                        events,
+                        problem,
+                    });
+                    break;
+                }
+            }
+        }
+        report.elapsed = started.elapsed();
+        report
+    }
+
+    /// The clean run: its value, its snapshot and the first call's store
+    /// operations.
+    async fn clean(&self) -> Result<(T, P, Vec<String>), String> {
+        let clock = ManualClock::new(START_MILLIS);
+        let store = FaultStore::new((self.store)(clock).await, None);
+        let state = (self.fresh)(StoreRef::new(store.clone())).await;
+        let got = self.call_as(1, &state).await;
+        let value = match got.out {
+            Ok(value) => value,
+            Err(e) => return Err(format!("the clean run failed: {e:?}")),
+        };
+        let ops = store
+            .trace()
+            .into_iter()
+            .filter(|op| op.caller == 1)
+            .filter_map(|op| op.op)
+            .collect();
+        Ok((value, (self.snapshot)(state).await, ops))
+    }
+
+    fn schedules(&self, ops: &[String]) -> Vec<Schedule> {
+        let wanted = |op: usize| match &self.step {
+            Some(step) => ops[op].contains(&format!("step `{step}`")),
+            None => true,
+        };
+        let mut all = Vec::new();
+        for op in (0..ops.len()).filter(|&op| wanted(op)) {
+            if self.faults.cut_offs {
+                all.push(Schedule::CutOff { op, after: false });
+                all.push(Schedule::CutOff { op, after: true });
+            }
+            if self.faults.duplicates {
+                all.push(Schedule::Duplicate { op });
+            }
+            if self.faults.stale_owners {
+                all.push(Schedule::StaleOwner { op });
+            }
+        }
+        if self.faults.duplicates && self.step.is_none() {
+            all.push(Schedule::DuplicateAfterResult);
+        }
+        all
+    }
+
+    async fn call_as(&self, caller: u32, state: &S) -> Got<T, E> {
+        let (out, noted, _) = as_caller(caller, report::observed((self.call)(state.clone()))).await;
+        Got { out, noted }
+    }
+
+    /// Runs one schedule on fresh state: the trace, and `Ok(false)` when the
+    /// first call never reached the schedule's point.
+    async fn one(
+        &self,
+        schedule: Schedule,
+        value: &T,
+        snapshot: &P,
+    ) -> (Vec<String>, Result<bool, Wrong>) {
+        let clock = ManualClock::new(START_MILLIS);
+        let store = FaultStore::new((self.store)(clock.clone()).await, schedule.hold());
+        let state = (self.fresh)(StoreRef::new(store.clone())).await;
+        let outcome = self.drive(schedule, &store, &clock, &state, value).await;
+        let outcome = match outcome {
+            Ok(true) => {
+                let now = (self.snapshot)(state).await;
+                if &now == snapshot {
+                    Ok(true)
+                } else {
+                    Err(Wrong(format!(
+                        "the state differs from the clean run's:\n{}",
+                        diff(&format!("{snapshot:#?}"), &format!("{now:#?}"))
+                    )))
+                }
+            }
+            other => other,
+        };
+        let events = store
+            .trace()
+            .into_iter()
+            .map(|op| match op.caller {
+                0 => op.text,
+                n => format!("call {n}: {}", op.text),
+            })
+            .collect();
+        (events, outcome)
+    }
+
+    async fn drive(
+        &self,
+        schedule: Schedule,
+        store: &FaultStore,
+        clock: &ManualClock,
+        state: &S,
+        value: &T,
+    ) -> Result<bool, Wrong> {
+        let mut next_caller = 2;
+        let mut succeeded = false;
+        match schedule {
+            Schedule::DuplicateAfterResult => {
+                store.note("call 1 starts".to_owned());
+                let first = self.call_as(1, state).await;
+                succeeded |= judge(1, first, value, store, false)?;
+                store.note("call 2 (a duplicate) starts after call 1 returned".to_owned());
+                let second = self.call_as(2, state).await;
+                if !judge(2, second, value, store, false)? {
+                    return Err(Wrong(
+                        "a duplicate after the stored result did not get it".to_owned(),
+                    ));
+                }
+                next_caller = 3;
+            }
+            Schedule::CutOff { .. } => {
+                store.note("call 1 starts".to_owned());
+                let mut first: Pin<Box<_>> = Box::pin(self.call_as(1, state));
+                tokio::select! {
+                    _ = &mut first => {
+                        // It never reached the point: nothing was explored.
+                        return Ok(false);
+                    }
+                    () = store.reached() => {}
+                }
+                drop(first);
+                store.note("call 1 is cut off: its future is dropped".to_owned());
+            }
+            Schedule::Duplicate { .. } | Schedule::StaleOwner { .. } => {
+                store.note("call 1 starts".to_owned());
+                let mut first: Pin<Box<_>> = Box::pin(self.call_as(1, state));
+                tokio::select! {
+                    _ = &mut first => return Ok(false),
+                    () = store.reached() => {}
+                }
+                let stale = matches!(schedule, Schedule::StaleOwner { .. });
+                if stale {
+                    let moved = self.outlast_leases(clock, store).await;
+                    store.note(format!(
+                        "call 1 stalls there; the clock moves {moved:?}: its lease runs out"
+                    ));
+                }
+                store.note("call 2 (a duplicate) starts".to_owned());
+                let mut second: Pin<Box<_>> = Box::pin(self.call_as(2, state));
+                // A duplicate that waits for the first call (`wait = …`)
+                // cannot finish while it is held: let the first go on.
+                let second_first = tokio::select! {
+                    got = &mut second => Some(got),
+                    () = tokio::time::sleep(Duration::from_millis(200)) => None,
+                };
+                let second_done = second_first.is_some();
+                if let Some(got) = second_first {
+                    succeeded |= judge(2, got, value, store, false)?;
+                }
+                store.note("call 1 goes on".to_owned());
+                store.release();
+                let got = bounded(first).await.map_err(|()| {
+                    Wrong("call 1 did not finish within 10 s after it went on".to_owned())
+                })?;
+                succeeded |= judge(1, got, value, store, stale)?;
+                if !second_done {
+                    let got = bounded(second)
+                        .await
+                        .map_err(|()| Wrong("call 2 did not finish within 10 s".to_owned()))?;
+                    succeeded |= judge(2, got, value, store, false)?;
+                }
+                next_caller = 3;
+            }
+        }
+        // Retried until it succeeds, the lease run out before each retry.
+        let mut tries = 0;
+        while !succeeded {
+            if tries == self.retries {
+                return Err(Wrong(format!(
+                    "the call did not succeed in {} retries",
+                    self.retries
+                )));
+            }
+            tries += 1;
+            let moved = self.outlast_leases(clock, store).await;
+            store.note(format!(
+                "the clock moves {moved:?} (any lease runs out); call {next_caller} (a retry) starts"
+            ));
+            let got = self.call_as(next_caller, state).await;
+            succeeded = judge_retry(next_caller, got, value, store)?;
+            next_caller += 1;
+        }
+        Ok(true)
+    }
+}
+
+async fn bounded<F: Future>(fut: Pin<Box<F>>) -> Result<F::Output, ()> {
+    tokio::time::timeout(Duration::from_secs(10), fut)
+        .await
+        .map_err(|_| ())
+}
+
+/// Checks what a caller got: `Ok(true)` for the clean value, `Ok(false)` for
+/// an error idem documents here, `Err` otherwise. A stale owner may also get
+/// the error its own body saw once its lease was gone.
+fn judge<T: PartialEq + Debug, E: Debug>(
+    caller: u32,
+    got: Got<T, E>,
+    value: &T,
+    store: &FaultStore,
+    stale: bool,
+) -> Result<bool, Wrong> {
+    match got.out {
+        Ok(v) if &v == value => {
+            store.note(format!("call {caller} returns the clean run's value"));
+            Ok(true)
+        }
+        Ok(v) => Err(Wrong(format!(
+            "call {caller} returned {v:?}; the clean run returned {value:?}"
+        ))),
+        Err(e) if documented(got.noted) || stale => {
+            store.note(format!("call {caller} returns {e:?} ({})", said(got.noted)));
+            Ok(false)
+        }
+        Err(e) => Err(Wrong(format!(
+            "call {caller} returned {e:?} ({}), not an error idem documents for a duplicate",
+            said(got.noted)
+        ))),
+    }
+}
+
+/// A retry may fail with any error (the fault may leave it work to wait
+/// for); only a wrong value is wrong at once.
+fn judge_retry<T: PartialEq + Debug, E: Debug>(
+    caller: u32,
+    got: Got<T, E>,
+    value: &T,
+    store: &FaultStore,
+) -> Result<bool, Wrong> {
+    match got.out {
+        Err(e) => {
+            store.note(format!("call {caller} returns {e:?} ({})", said(got.noted)));
+            Ok(false)
+        }
+        out => judge(
+            caller,
+            Got {
+                out,
+                noted: got.noted,
+            },
+            value,
+            store,
+            false,
+        ),
+    }
+}
+
+fn documented(noted: Option<Noted>) -> bool {
+    matches!(
+        noted,
+        Some(Noted::Call {
+            outcome: CallOutcome::InProgress | CallOutcome::KeyReuse | CallOutcome::LeaseLost,
+            ..
+        }) | Some(Noted::Fenced { .. })
+    )
+}
+
+fn said(noted: Option<Noted>) -> String {
+    match noted {
+        Some(Noted::Call { outcome, .. }) => format!("idem: {outcome:?}"),
+        Some(Noted::Fenced { .. }) => "idem: fenced off by a newer owner".to_owned(),
+        Some(Noted::RolledBack) => "idem: the transaction rolled back".to_owned(),
+        None => "no idempotent call reported".to_owned(),
+    }
+}
+
+fn describe(schedule: Schedule, ops: &[String]) -> String {
+    let at = |op: usize| ops.get(op).map_or("?", String::as_str);
+    match schedule {
+        Schedule::CutOff { op, after } => format!(
+            "call 1 cut off {} its store operation #{} ({})",
+            if after { "after" } else { "before" },
+            op + 1,
+            at(op)
+        ),
+        Schedule::Duplicate { op } => format!(
+            "a duplicate while call 1 is held before its store operation #{} ({})",
+            op + 1,
+            at(op)
+        ),
+        Schedule::DuplicateAfterResult => "a duplicate after call 1 returned".to_owned(),
+        Schedule::StaleOwner { op } => format!(
+            "call 1 stalls past its lease before its store operation #{} ({}), another takes over, then call 1 goes on",
+            op + 1,
+            at(op)
+        ),
+    }
+}
+
+/// The lines of `now` that differ from `clean`.
+fn diff(clean: &str, now: &str) -> String {
+    let (a, b): (Vec<&str>, Vec<&str>) = (clean.lines().collect(), now.lines().collect());
+    if a.len() != b.len() {
+        return format!("clean run:\n{clean}\nthis run:\n{now}");
+    }
+    a.iter()
+        .zip(&b)
+        .filter(|(x, y)| x != y)
+        .map(|(x, y)| format!("  clean run: {}\n  this run:  {}", x.trim(), y.trim()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The clock every schedule starts from: any fixed instant does.
+const START_MILLIS: i64 = 1_800_000_000_000;
+
+/// What the explorer found: read it with `{}` or [`Report::assert_passed`].
+#[derive(Debug)]
+pub struct Report {
+    explored: usize,
+    skipped: usize,
+    by_kind: Vec<(&'static str, usize)>,
+    failure: Option<Failure>,
+    clean_ops: Vec<String>,
+    elapsed: Duration,
+}
+
+/// The first schedule that went wrong.
+#[derive(Debug)]
+pub struct Failure {
+    schedule: String,
+    events: Vec<String>,
+    problem: String,
+}
+
+impl Report {
+    fn count(&mut self, kind: &'static str) {
+        match self.by_kind.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, n)) => *n += 1,
+            None => self.by_kind.push((kind, 1)),
+        }
+    }
+
+    /// How many schedules ran (the failing one included).
+    pub fn explored(&self) -> usize {
+        self.explored
+    }
+
+    /// How many schedules ran per fault kind, in the order first tried.
+    pub fn by_kind(&self) -> &[(&'static str, usize)] {
+        &self.by_kind
+    }
+
+    /// Whether every schedule passed.
+    pub fn passed(&self) -> bool {
+        self.failure.is_none()
+    }
+
+    /// The first failing schedule, if any.
+    pub fn failure(&self) -> Option<&Failure> {
+        self.failure.as_ref()
+    }
+
+    /// Panics with the report unless every schedule passed.
+    pub fn assert_passed(&self) {
+        assert!(self.passed(), "{self}");
+    }
+}
+
+impl Failure {
+    /// The schedule, in a sentence.
+    pub fn schedule(&self) -> &str {
+        &self.schedule
+    }
+
+    /// What went wrong (a wrong value, an undocumented error, the
+    /// snapshot's difference).
+    pub fn problem(&self) -> &str {
+        &self.problem
+    }
+
+    /// What happened, in order: the callers' store operations and what they
+    /// returned, the explorer's moves.
+    pub fn events(&self) -> &[String] {
+        &self.events
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.failure {
+            None => write!(
+                f,
+                "idem explorer: {} schedules passed in {:.2?} ({} fault points",
+                self.explored,
+                self.elapsed,
+                self.clean_ops.len()
+            )?,
+            Some(failure) => {
+                writeln!(f, "idem explorer: FAILED at {}", failure.schedule)?;
+                writeln!(f, "what happened:")?;
+                for (i, e) in failure.events.iter().enumerate() {
+                    writeln!(f, "  {:>2}. {e}", i + 1)?;
+                }
+                writeln!(f, "problem: {}", failure.problem)?;
+                write!(
+                    f,
+                    "({} schedules explored in {:.2?} before it; {} fault points",
+                    self.explored.saturating_sub(1),
+                    self.elapsed,
+                    self.clean_ops.len()
+                )?;
+            }
+        }
+        for (kind, n) in &self.by_kind {
+            write!(f, "; {kind}: {n}")?;
+        }
+        if self.skipped > 0 {
+            write!(f, "; {} skipped, the point not reached", self.skipped)?;
+        }
+        write!(f, ")")
+    }
+}

@@ -1,0 +1,372 @@
+//! The explorer (`idem_runtime::testing`, feature `testing`) on a small order
+//! flow of three steps: it passes the correct flow, every time, and catches
+//! each broken variant with a report that says what happened.
+//!
+//! The shop keeps its tables in memory, so a schedule's fresh state is a
+//! fresh `Shop`: stock with a ledger (a unique row per order), orders (a
+//! unique order number), and a payment provider that deduplicates on the
+//! idempotency key it is given.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use idem_runtime::store::StoreRef;
+use idem_runtime::testing::{Explorer, Faults, Report};
+use idem_runtime::{idempotent, step};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    Correct,
+    /// The body writes a row itself, outside any step.
+    WriteInTheBody,
+    /// `insert_order` fails on its own row instead of returning it.
+    NoConflictIsSuccess,
+    /// The charge goes to the provider without the step's key.
+    ChargeWithoutKey,
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct Tables {
+    stock: i64,
+    ledger: BTreeSet<String>,
+    orders: BTreeMap<String, u64>,
+    /// The provider's charges, by the idempotency key it was given (or a
+    /// fresh one per request without).
+    charges: BTreeMap<String, u64>,
+    emails: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ShopError {
+    #[error(transparent)]
+    Idem(#[from] idem_runtime::Error),
+    #[error("order {0} exists")]
+    Duplicate(String),
+}
+
+struct Shop {
+    store: StoreRef,
+    variant: Variant,
+    /// The call with a short lease: for a store on its server's clock,
+    /// whose leases run out in real time.
+    short_lease: bool,
+    tables: Mutex<Tables>,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Placed {
+    order_id: u64,
+    charge: String,
+}
+
+impl Shop {
+    fn new(store: StoreRef, variant: Variant, short_lease: bool) -> Arc<Shop> {
+        Arc::new(Shop {
+            store,
+            variant,
+            short_lease,
+            tables: Mutex::new(Tables {
+                stock: 10,
+                ..Tables::default()
+            }),
+        })
+    }
+
+    fn tables(&self) -> std::sync::MutexGuard<'_, Tables> {
+        self.tables.lock().unwrap()
+    }
+
+    async fn order(&self, order_no: String) -> Result<Placed, ShopError> {
+        if self.short_lease {
+            self.place_with_a_short_lease(order_no).await
+        } else {
+            self.place(order_no).await
+        }
+    }
+
+    #[idempotent(scope = "tests.explorer.place", key = "order_no", store = self.store.clone())]
+    async fn place(&self, order_no: String) -> Result<Placed, ShopError> {
+        self.flow(order_no).await
+    }
+
+    #[idempotent(scope = "tests.explorer.place", key = "order_no", lease = "300ms", store = self.store.clone())]
+    async fn place_with_a_short_lease(&self, order_no: String) -> Result<Placed, ShopError> {
+        self.flow(order_no).await
+    }
+
+    async fn flow(&self, order_no: String) -> Result<Placed, ShopError> {
+        self.deduct_stock(&order_no).await?;
+        let order_id = self.insert_order(&order_no).await?;
+        if self.variant == Variant::WriteInTheBody {
+            self.tables().emails += 1;
+        }
+        let charge = self.charge(order_id).await?;
+        Ok(Placed { order_id, charge })
+    }
+
+    /// A ledger row unique per order; stock moves only with a new row.
+    #[step("deduct_stock")]
+    async fn deduct_stock(&self, order_no: &str) -> Result<(), ShopError> {
+        let mut t = self.tables();
+        if t.ledger.insert(order_no.to_owned()) {
+            t.stock -= 1;
+        }
+        Ok(())
+    }
+
+    /// The order's row, or the one already there (conflict is success).
+    #[step("insert_order")]
+    async fn insert_order(&self, order_no: &str) -> Result<u64, ShopError> {
+        let mut t = self.tables();
+        if let Some(&id) = t.orders.get(order_no) {
+            if self.variant == Variant::NoConflictIsSuccess {
+                return Err(ShopError::Duplicate(order_no.to_owned()));
+            }
+            return Ok(id);
+        }
+        let id = t.orders.len() as u64 + 1;
+        t.orders.insert(order_no.to_owned(), id);
+        Ok(id)
+    }
+
+    /// The payment provider, given the step's key as its idempotency key:
+    /// a charge sent again under the same key is the same charge.
+    #[step("charge")]
+    async fn charge(&self, order_id: u64) -> Result<String, ShopError> {
+        let key = match self.variant {
+            Variant::ChargeWithoutKey => format!("request-{}", self.tables().charges.len()),
+            _ => idem_runtime::current_key().expect("inside a step").to_hex(),
+        };
+        let mut t = self.tables();
+        let n = t.charges.len() as u64 + 1;
+        let id = *t.charges.entry(key).or_insert(n);
+        Ok(format!("ch-{order_id}-{id}"))
+    }
+}
+
+fn explorer(variant: Variant) -> Explorer<Arc<Shop>, Placed, ShopError, Tables> {
+    explorer_with(variant, false)
+}
+
+fn explorer_with(
+    variant: Variant,
+    short_lease: bool,
+) -> Explorer<Arc<Shop>, Placed, ShopError, Tables> {
+    Explorer::new(
+        move |store| async move { Shop::new(store, variant, short_lease) },
+        |shop: Arc<Shop>| async move { shop.order("order-7".to_owned()).await },
+        |shop: Arc<Shop>| async move {
+            let mut t = shop.tables().clone();
+            // Which key the provider saw differs per run; how many charges
+            // it made does not.
+            t.charges = t
+                .charges
+                .values()
+                .map(|id| (String::from("charge"), *id))
+                .collect();
+            t
+        },
+    )
+}
+
+fn kinds(report: &Report) -> Vec<&'static str> {
+    report.by_kind().iter().map(|(k, _)| *k).collect()
+}
+
+#[tokio::test]
+async fn the_correct_flow_passes_every_schedule_three_runs_in_a_row() {
+    for _ in 0..3 {
+        let report = explorer(Variant::Correct).run().await;
+        report.assert_passed();
+        // 3 steps and the call: a claim and a record each, 8 points; 4
+        // schedules per point and one duplicate after the result.
+        assert_eq!(report.explored(), 8 * 4 + 1, "{report}");
+        assert_eq!(
+            kinds(&report),
+            [
+                "cut off before a store operation",
+                "cut off after a store operation",
+                "duplicate while the first call runs",
+                "stale owner going on after a takeover",
+                "duplicate after the result is stored",
+            ],
+            "{report}"
+        );
+        assert!(report.by_kind().iter().all(|(_, n)| *n > 0), "{report}");
+        let text = report.to_string();
+        assert!(
+            text.starts_with("idem explorer: 33 schedules passed"),
+            "{text}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_write_in_the_body_is_caught_with_the_state_it_doubled() {
+    let report = explorer(Variant::WriteInTheBody).run().await;
+    let failure = report.failure().expect("caught");
+    let text = report.to_string();
+    // The first schedule that shows it: a stale owner. The caller that took
+    // over ran the body, the write with it; the first caller, going on,
+    // replays every step and writes again before its record is refused.
+    assert_eq!(
+        failure.schedule(),
+        "call 1 stalls past its lease before its store operation #2 (claim step `deduct_stock`), another takes over, then call 1 goes on",
+        "{text}"
+    );
+    assert_eq!(
+        failure.problem(),
+        "the state differs from the clean run's:\n  clean run: emails: 1,\n  this run:  emails: 2,",
+        "{text}"
+    );
+    let events = failure.events().join("\n");
+    for line in [
+        "call 1: claim call `tests.explorer.place` → acquired (fence 1)",
+        "call 1: held before: claim step `deduct_stock`",
+        "call 1 stalls there; the clock moves 31s: its lease runs out",
+        "call 2: claim call `tests.explorer.place` → acquired (fence 2, taken over)",
+        "call 2: record the outcome of call `tests.explorer.place` → ok",
+        "call 1 goes on",
+        "call 1: claim step `charge` → done (a stored outcome to replay)",
+        "call 1: record the outcome of call `tests.explorer.place` → refused (no longer this caller's)",
+    ] {
+        assert!(events.contains(line), "missing {line:?} in:\n{text}");
+    }
+    // Narrowed to cut offs, the retry after a cut off shows it too.
+    let report = explorer(Variant::WriteInTheBody)
+        .only(Faults::CUT_OFFS)
+        .run()
+        .await;
+    let failure = report.failure().expect("caught");
+    assert_eq!(
+        failure.schedule(),
+        "call 1 cut off before its store operation #6 (claim step `charge`)",
+        "{report}"
+    );
+}
+
+#[tokio::test]
+async fn a_step_that_fails_on_its_own_row_is_caught() {
+    let report = explorer(Variant::NoConflictIsSuccess).run().await;
+    let failure = report.failure().expect("caught");
+    let text = report.to_string();
+    assert_eq!(
+        failure.schedule(),
+        "call 1 cut off before its store operation #5 (record the outcome of step `insert_order`)",
+        "{text}"
+    );
+    assert_eq!(
+        failure.problem(),
+        "the call did not succeed in 5 retries",
+        "{text}"
+    );
+    assert!(
+        text.contains("call 2 returns Duplicate(\"order-7\") (idem: Failed)"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_charge_without_the_steps_key_is_caught() {
+    let report = explorer(Variant::ChargeWithoutKey).run().await;
+    let failure = report.failure().expect("caught");
+    let text = report.to_string();
+    assert_eq!(
+        failure.schedule(),
+        "call 1 cut off before its store operation #7 (record the outcome of step `charge`)",
+        "{text}"
+    );
+    assert_eq!(
+        failure.problem(),
+        "call 2 returned Placed { order_id: 1, charge: \"ch-1-2\" }; the clean run returned Placed { order_id: 1, charge: \"ch-1-1\" }",
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn narrowed_to_one_kind_and_one_step() {
+    let report = explorer(Variant::Correct)
+        .only(Faults::CUT_OFFS)
+        .step("charge")
+        .run()
+        .await;
+    report.assert_passed();
+    assert_eq!(
+        report.by_kind(),
+        [
+            ("cut off before a store operation", 2),
+            ("cut off after a store operation", 2)
+        ],
+        "{report}"
+    );
+}
+
+#[tokio::test]
+async fn on_sqlite_as_on_the_memory_store() {
+    use idem_runtime::store::AsStore;
+    use idem_runtime::store::sql::SqliteStore;
+    let report = explorer(Variant::Correct)
+        .store(|clock| async move {
+            let store = SqliteStore::builder().clock(clock).in_memory().await;
+            store.expect("an in-memory SQLite store").store_ref()
+        })
+        .run()
+        .await;
+    report.assert_passed();
+    assert_eq!(report.explored(), 33, "{report}");
+}
+
+/// On PostgreSQL, whose leases run on the server's clock: each schedule on a
+/// schema of its own, the call's lease 300 ms, the explorer waiting 400 ms
+/// of real time where a lease must run out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgresql_with_real_time_leases() {
+    use idem_runtime::store::AsStore;
+    use idem_runtime::store::sql::PgStore;
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+    use std::str::FromStr;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    let url = idem_tests::services::postgres_url();
+    let Some(admin) =
+        idem_tests::services::reachable("PostgreSQL", &url, sqlx::PgPool::connect(&url).await)
+    else {
+        return;
+    };
+    let run = format!("idem_explorer_{}", std::process::id());
+    let schemas = Arc::new(AtomicU32::new(0));
+    let report = {
+        let (url, run, schemas, admin) = (url.clone(), run.clone(), schemas.clone(), admin.clone());
+        explorer_with(Variant::Correct, true)
+            .real_time_leases(std::time::Duration::from_millis(400))
+            .store(move |_clock| {
+                let (url, admin) = (url.clone(), admin.clone());
+                let schema = format!("{run}_{}", schemas.fetch_add(1, Ordering::SeqCst));
+                async move {
+                    sqlx::query(&format!("CREATE SCHEMA {schema}"))
+                        .execute(&admin)
+                        .await
+                        .unwrap();
+                    let options = PgConnectOptions::from_str(&url)
+                        .unwrap()
+                        .options([("search_path", schema.as_str())]);
+                    let pool = PgPoolOptions::new()
+                        .max_connections(4)
+                        .connect_with(options)
+                        .await
+                        .unwrap();
+                    PgStore::builder().pool(pool).await.unwrap().store_ref()
+                }
+            })
+            .run()
+            .await
+    };
+    for n in 0..schemas.load(Ordering::SeqCst) {
+        sqlx::query(&format!("DROP SCHEMA {run}_{n} CASCADE"))
+            .execute(&admin)
+            .await
+            .unwrap();
+    }
+    report.assert_passed();
+    assert_eq!(report.explored(), 33, "{report}");
+}
