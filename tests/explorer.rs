@@ -23,6 +23,12 @@ enum Variant {
     NoConflictIsSuccess,
     /// The charge goes to the provider without the step's key.
     ChargeWithoutKey,
+    /// A later build: `deduct_stock` renamed `take_stock`.
+    RenamedStep,
+    /// A later build: the order inserted before the stock moves.
+    ReorderedSteps,
+    /// A later build: no charge step.
+    RemovedStep,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -95,22 +101,49 @@ impl Shop {
     }
 
     async fn flow(&self, order_no: String) -> Result<Placed, ShopError> {
-        self.deduct_stock(&order_no).await?;
-        let order_id = self.insert_order(&order_no).await?;
+        let order_id = match self.variant {
+            Variant::RenamedStep => {
+                self.take_stock(&order_no).await?;
+                self.insert_order(&order_no).await?
+            }
+            Variant::ReorderedSteps => {
+                let id = self.insert_order(&order_no).await?;
+                self.deduct_stock(&order_no).await?;
+                id
+            }
+            _ => {
+                self.deduct_stock(&order_no).await?;
+                self.insert_order(&order_no).await?
+            }
+        };
         if self.variant == Variant::WriteInTheBody {
             self.tables().emails += 1;
         }
-        let charge = self.charge(order_id).await?;
+        let charge = match self.variant {
+            Variant::RemovedStep => String::from("none"),
+            _ => self.charge(order_id).await?,
+        };
         Ok(Placed { order_id, charge })
+    }
+
+    /// `deduct_stock` under another name.
+    #[step("take_stock")]
+    async fn take_stock(&self, order_no: &str) -> Result<(), ShopError> {
+        self.deduct_stock_now(order_no);
+        Ok(())
+    }
+
+    fn deduct_stock_now(&self, order_no: &str) {
+        let mut t = self.tables();
+        if t.ledger.insert(order_no.to_owned()) {
+            t.stock -= 1;
+        }
     }
 
     /// A ledger row unique per order; stock moves only with a new row.
     #[step("deduct_stock")]
     async fn deduct_stock(&self, order_no: &str) -> Result<(), ShopError> {
-        let mut t = self.tables();
-        if t.ledger.insert(order_no.to_owned()) {
-            t.stock -= 1;
-        }
+        self.deduct_stock_now(order_no);
         Ok(())
     }
 
@@ -278,7 +311,7 @@ async fn a_charge_without_the_steps_key_is_caught() {
     );
     assert_eq!(
         failure.problem(),
-        "call 2 returned Placed { order_id: 1, charge: \"ch-1-2\" }; the clean run returned Placed { order_id: 1, charge: \"ch-1-1\" }",
+        "call 2 returned Ok(Placed { order_id: 1, charge: \"ch-1-2\" }); the clean run returned Ok(Placed { order_id: 1, charge: \"ch-1-1\" })",
         "{text}"
     );
 }
@@ -369,4 +402,211 @@ async fn on_postgresql_with_real_time_leases() {
     }
     report.assert_passed();
     assert_eq!(report.explored(), 33, "{report}");
+}
+
+/// The step history: the first run writes the file; a rename, a reorder and
+/// a removal each fail, naming the step; accepting writes the new history,
+/// which then holds.
+#[tokio::test]
+async fn the_step_history_names_a_rename_a_reorder_and_a_removal() {
+    let dir = std::env::temp_dir().join(format!(
+        "idem-explorer-steps-{}",
+        idem_tests::consumer::suffix()
+    ));
+    let path = dir.join("place.txt");
+    let check = |variant: Variant, accept: bool| {
+        explorer(variant)
+            .only(Faults::CUT_OFFS)
+            .step_history(&path)
+            .accept_step_history(accept)
+            .run()
+    };
+    let lines = || -> Vec<String> {
+        std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(str::to_owned)
+            .collect()
+    };
+    let first = check(Variant::Correct, true).await;
+    first.assert_passed();
+    assert_eq!(lines(), ["deduct_stock", "insert_order", "charge"]);
+    assert!(
+        first.to_string().contains("wrote the step history to"),
+        "{first}"
+    );
+    check(Variant::Correct, false).await.assert_passed();
+
+    for (variant, change) in [
+        (
+            Variant::RenamedStep,
+            "step `deduct_stock` is now `take_stock` (renamed)",
+        ),
+        (
+            Variant::ReorderedSteps,
+            "the steps `deduct_stock`, `insert_order` run in another order",
+        ),
+        (Variant::RemovedStep, "step `charge` removed"),
+    ] {
+        let report = check(variant, false).await;
+        let failure = report.failure().expect("a changed history fails");
+        assert_eq!(failure.schedule(), "the step history", "{report}");
+        assert!(failure.problem().contains(change), "{variant:?}: {report}");
+        assert!(
+            failure.problem().contains("IDEM_ACCEPT_STEPS=1"),
+            "{report}"
+        );
+        assert_eq!(report.explored(), 0, "no schedule runs: {report}");
+    }
+
+    let accepted = check(Variant::RenamedStep, true).await;
+    accepted.assert_passed();
+    assert!(
+        accepted
+            .to_string()
+            .contains("accepted the new step history"),
+        "{accepted}"
+    );
+    assert_eq!(lines(), ["take_stock", "insert_order", "charge"]);
+    check(Variant::RenamedStep, false).await.assert_passed();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The README's example: the correct flow, with its step history committed
+/// in `tests/steps/place.txt`.
+#[tokio::test]
+async fn the_readme_example() {
+    let report = Explorer::new(
+        |store| async move { Shop::new(store, Variant::Correct, false) }, // fresh state around the store it gives
+        |shop: Arc<Shop>| async move { shop.order("order-7".to_owned()).await },
+        |shop: Arc<Shop>| async move { shop.tables().clone() }, // what must come out the same
+    )
+    .step_history(concat!(env!("CARGO_MANIFEST_DIR"), "/steps/place.txt"))
+    .run()
+    .await;
+    report.assert_passed();
+    assert!(
+        report.to_string().contains("the step history in"),
+        "{report}"
+    );
+}
+
+/// A booking that gives up: a room held (compensated by releasing it), then
+/// a payment the card declines, a final error. Every schedule must end with
+/// that error and the room released once.
+mod giving_up {
+    use super::*;
+
+    #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+    pub enum BookError {
+        Idem(String),
+        Declined,
+    }
+
+    impl From<idem_runtime::Error> for BookError {
+        fn from(e: idem_runtime::Error) -> Self {
+            BookError::Idem(e.to_string())
+        }
+    }
+
+    impl BookError {
+        fn is_final(&self) -> bool {
+            matches!(self, BookError::Declined)
+        }
+    }
+
+    #[derive(Debug, Default, Clone, PartialEq)]
+    pub struct Rooms {
+        free: i64,
+        held: BTreeSet<String>,
+    }
+
+    #[derive(Clone)]
+    pub struct Hotel {
+        store: StoreRef,
+        /// The release adds the room back without looking whether it did.
+        blind_release: bool,
+        rooms: Arc<Mutex<Rooms>>,
+    }
+
+    impl Hotel {
+        #[idempotent(scope = "tests.explorer.book", key = "booking", final_err = BookError::is_final, store = self.store.clone())]
+        pub async fn book(&self, booking: String) -> Result<String, BookError> {
+            let hold = self.hold_room(&booking).await?;
+            self.pay().await?;
+            Ok(hold)
+        }
+
+        #[step("hold_room", compensate = "release_room")]
+        async fn hold_room(&self, booking: &str) -> Result<String, BookError> {
+            let mut r = self.rooms.lock().unwrap();
+            if r.held.insert(booking.to_owned()) {
+                r.free -= 1;
+            }
+            Ok(booking.to_owned())
+        }
+
+        /// Conflict is success on the undone hold: releasing a hold that is
+        /// gone changes nothing.
+        async fn release_room(&self, hold: String) -> Result<(), BookError> {
+            let mut r = self.rooms.lock().unwrap();
+            if r.held.remove(&hold) || self.blind_release {
+                r.free += 1;
+            }
+            Ok(())
+        }
+
+        #[step("pay")]
+        async fn pay(&self) -> Result<(), BookError> {
+            Err(BookError::Declined)
+        }
+    }
+
+    pub fn explorer(blind_release: bool) -> Explorer<Hotel, String, BookError, Rooms> {
+        Explorer::new(
+            move |store| async move {
+                Hotel {
+                    store,
+                    blind_release,
+                    rooms: Arc::new(Mutex::new(Rooms {
+                        free: 3,
+                        ..Rooms::default()
+                    })),
+                }
+            },
+            |hotel: Hotel| async move { hotel.book("booking-9".to_owned()).await },
+            |hotel: Hotel| async move { hotel.rooms.lock().unwrap().clone() },
+        )
+    }
+}
+
+#[tokio::test]
+async fn a_flow_that_gives_up_reaches_its_final_error_with_each_hold_released_once() {
+    let report = giving_up::explorer(false).run().await;
+    report.assert_passed();
+    // The compensation's claim and record are fault points too.
+    assert!(report.explored() > 8 * 4, "{report}");
+}
+
+#[tokio::test]
+async fn a_compensation_that_undoes_twice_is_caught() {
+    let report = giving_up::explorer(true).run().await;
+    let failure = report.failure().expect("caught");
+    let text = report.to_string();
+    assert!(
+        failure
+            .schedule()
+            .contains("(record the outcome of step `release_room`)"),
+        "{text}"
+    );
+    assert_eq!(
+        failure.problem(),
+        "the state differs from the clean run's:\n  clean run: free: 3,\n  this run:  free: 4,",
+        "{text}"
+    );
+    assert!(
+        text.contains("returns the clean run's final error"),
+        "{text}"
+    );
 }

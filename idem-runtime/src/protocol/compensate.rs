@@ -43,6 +43,8 @@ pub(super) async fn read_give_up(
     }
     let spec = flow.step_spec(GIVE_UP_SCOPE);
     let key = flow.give_up_key();
+    #[cfg(feature = "testing")]
+    super::labels::note(key, crate::spec::Kind::Step, GIVE_UP_SCOPE);
     let token = Token::random();
     let found = match acquire(&spec, store, &key, token, None, None).await?.0 {
         Acquired::Replay(stored) => Some(stored.payload),
@@ -67,6 +69,8 @@ async fn write_give_up(
 ) -> Result<Vec<u8>, Error> {
     let spec = flow.step_spec(GIVE_UP_SCOPE);
     let key = flow.give_up_key();
+    #[cfg(feature = "testing")]
+    super::labels::note(key, crate::spec::Kind::Step, GIVE_UP_SCOPE);
     let token = Token::random();
     let stands = match acquire(&spec, store, &key, token, None, None).await?.0 {
         Acquired::Replay(stored) => stored.payload,

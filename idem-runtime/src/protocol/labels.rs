@@ -26,6 +26,7 @@ pub(crate) fn note(key: Key, kind: Kind, scope: &'static str) {
 /// a compensation's).
 pub(crate) fn describe(key: &Key) -> String {
     match names().lock().unwrap_or_else(|p| p.into_inner()).get(key) {
+        Some((Kind::Step, "idem.give_up")) => "the flow's give-up record".to_owned(),
         Some((Kind::Step, name)) => format!("step `{name}`"),
         Some((_, scope)) => format!("call `{scope}`"),
         None => format!("record {}", key.short()),

@@ -45,7 +45,8 @@ pub(super) struct Hold {
 pub(super) struct Op {
     pub(super) caller: u32,
     pub(super) text: String,
-    /// The operation alone, without its result (`None` for a note).
+    /// The operation alone, without its result (`None` for a note and for
+    /// an operation that is no fault point).
     pub(super) op: Option<String>,
 }
 
@@ -184,7 +185,7 @@ impl FaultStore {
         self.state().trace.push(Op {
             caller,
             text: format!("{name} → {}", out.summary()),
-            op: Some(name.clone()),
+            op: counted.then(|| name.clone()),
         });
         if hold.is_some_and(|h| h.after) {
             self.note_for(caller, format!("held after: {name}"));

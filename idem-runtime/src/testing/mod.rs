@@ -29,6 +29,11 @@
 //! - **stale owner**: the first call is held there past its lease, a second
 //!   call takes the record over and finishes, then the first goes on.
 //!
+//! The clean run may also end with a final error idem records
+//! (`final_err`): then the compensations' claims and records are fault
+//! points too, and every schedule must reach that same error with each
+//! effect undone once.
+//!
 //! After each schedule every call that returned `Ok` must have returned the
 //! clean run's value, every `Err` must be one idem documents for that
 //! situation (`InProgress`, `KeyReuse`, a lost lease, a fenced completion;
@@ -89,6 +94,9 @@
 //! [`MemoryStore`]: crate::store::memory::MemoryStore
 
 mod faults;
+mod history;
+
+pub use history::ACCEPT_ENV;
 
 use std::fmt::{self, Debug};
 use std::future::Future;
@@ -197,6 +205,8 @@ pub struct Explorer<S, T, E, P> {
     step: Option<String>,
     retries: u32,
     real_lease: Option<Duration>,
+    history: Option<std::path::PathBuf>,
+    accept: Option<bool>,
 }
 
 /// What a caller got, and what idem said its call did.
@@ -238,7 +248,33 @@ where
             step: None,
             retries: 5,
             real_lease: None,
+            history: None,
+            accept: None,
         }
+    }
+
+    /// Checks the clean run's steps, in order, against the history in
+    /// `path` (a file you commit, e.g. `tests/steps/orders.create.txt`),
+    /// before any schedule: a rename, a reorder or a removal fails, naming
+    /// the step, until accepted with [`ACCEPT_ENV`]`=1` (or
+    /// [`Explorer::accept_step_history`]), which rewrites the file. A
+    /// missing file is written, except under `CI`, where it fails.
+    ///
+    /// ```no_run
+    /// # fn go(explorer: idem_runtime::testing::Explorer<(), (), (), ()>) -> idem_runtime::testing::Explorer<(), (), (), ()> {
+    /// explorer.step_history(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/steps/orders.create.txt"))
+    /// # }
+    /// ```
+    pub fn step_history(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.history = Some(path.into());
+        self
+    }
+
+    /// Whether a changed step history is accepted (default: whether
+    /// [`ACCEPT_ENV`] is set to anything but `0`).
+    pub fn accept_step_history(mut self, accept: bool) -> Self {
+        self.accept = Some(accept);
+        self
     }
 
     /// The store under the explorer's, made once per schedule on the clock
@@ -317,6 +353,7 @@ where
             by_kind: Vec::new(),
             failure: None,
             clean_ops: Vec::new(),
+            history: None,
             elapsed: Duration::ZERO,
         };
         let (value, snapshot, ops) = match clean {
@@ -332,6 +369,28 @@ where
             }
         };
         report.clean_ops = ops.clone();
+        if let Some(path) = &self.history {
+            let accept = self
+                .accept
+                .unwrap_or_else(|| std::env::var_os(ACCEPT_ENV).is_some_and(|v| v != "0"));
+            let scope = ops
+                .iter()
+                .find_map(|op| op.strip_prefix("claim call `"))
+                .and_then(|rest| rest.split('`').next())
+                .unwrap_or("the call");
+            match history::check(path, scope, &history::of(&ops), accept) {
+                Ok(note) => report.history = Some(note),
+                Err(problem) => {
+                    report.failure = Some(Failure {
+                        schedule: "the step history".to_owned(),
+                        events: Vec::new(),
+                        problem,
+                    });
+                    report.elapsed = started.elapsed();
+                    return report;
+                }
+            }
+        }
         for schedule in self.schedules(&ops) {
             let (events, outcome) = self.one(schedule, &value, &snapshot).await;
             match outcome {
@@ -358,14 +417,32 @@ where
 
     /// The clean run: its value, its snapshot and the first call's store
     /// operations.
-    async fn clean(&self) -> Result<(T, P, Vec<String>), String> {
+    async fn clean(&self) -> Result<(Clean<T>, P, Vec<String>), String> {
         let clock = ManualClock::new(START_MILLIS);
         let store = FaultStore::new((self.store)(clock).await, None);
         let state = (self.fresh)(StoreRef::new(store.clone())).await;
         let got = self.call_as(1, &state).await;
         let value = match got.out {
-            Ok(value) => value,
-            Err(e) => return Err(format!("the clean run failed: {e:?}")),
+            Ok(value) => Clean::Value(value),
+            // A final error idem recorded (`final_err`): the outcome every
+            // schedule must reach, its compensations done once.
+            Err(e)
+                if matches!(
+                    got.noted,
+                    Some(Noted::Call {
+                        recorded_err: true,
+                        ..
+                    })
+                ) =>
+            {
+                Clean::FinalError(format!("{e:?}"))
+            }
+            Err(e) => {
+                return Err(format!(
+                    "the clean run failed: {e:?} ({}); explore a call that succeeds, or ends with a final error (`final_err`)",
+                    said(got.noted)
+                ));
+            }
         };
         let ops = store
             .trace()
@@ -410,7 +487,7 @@ where
     async fn one(
         &self,
         schedule: Schedule,
-        value: &T,
+        value: &Clean<T>,
         snapshot: &P,
     ) -> (Vec<String>, Result<bool, Wrong>) {
         let clock = ManualClock::new(START_MILLIS);
@@ -448,7 +525,7 @@ where
         store: &FaultStore,
         clock: &ManualClock,
         state: &S,
-        value: &T,
+        value: &Clean<T>,
     ) -> Result<bool, Wrong> {
         let mut next_caller = 2;
         let mut succeeded = false;
@@ -554,23 +631,27 @@ async fn bounded<F: Future>(fut: Pin<Box<F>>) -> Result<F::Output, ()> {
 fn judge<T: PartialEq + Debug, E: Debug>(
     caller: u32,
     got: Got<T, E>,
-    value: &T,
+    value: &Clean<T>,
     store: &FaultStore,
     stale: bool,
 ) -> Result<bool, Wrong> {
-    match got.out {
-        Ok(v) if &v == value => {
+    match (got.out, value) {
+        (Ok(v), Clean::Value(clean)) if &v == clean => {
             store.note(format!("call {caller} returns the clean run's value"));
             Ok(true)
         }
-        Ok(v) => Err(Wrong(format!(
-            "call {caller} returned {v:?}; the clean run returned {value:?}"
+        (Ok(v), _) => Err(Wrong(format!(
+            "call {caller} returned Ok({v:?}); the clean run returned {value:?}"
         ))),
-        Err(e) if documented(got.noted) || stale => {
+        (Err(e), Clean::FinalError(clean)) if &format!("{e:?}") == clean => {
+            store.note(format!("call {caller} returns the clean run's final error"));
+            Ok(true)
+        }
+        (Err(e), _) if documented(got.noted) || stale => {
             store.note(format!("call {caller} returns {e:?} ({})", said(got.noted)));
             Ok(false)
         }
-        Err(e) => Err(Wrong(format!(
+        (Err(e), _) => Err(Wrong(format!(
             "call {caller} returned {e:?} ({}), not an error idem documents for a duplicate",
             said(got.noted)
         ))),
@@ -582,15 +663,19 @@ fn judge<T: PartialEq + Debug, E: Debug>(
 fn judge_retry<T: PartialEq + Debug, E: Debug>(
     caller: u32,
     got: Got<T, E>,
-    value: &T,
+    value: &Clean<T>,
     store: &FaultStore,
 ) -> Result<bool, Wrong> {
-    match got.out {
-        Err(e) => {
+    match (got.out, value) {
+        (Err(e), Clean::FinalError(clean)) if &format!("{e:?}") != clean => {
             store.note(format!("call {caller} returns {e:?} ({})", said(got.noted)));
             Ok(false)
         }
-        out => judge(
+        (Err(e), Clean::Value(_)) => {
+            store.note(format!("call {caller} returns {e:?} ({})", said(got.noted)));
+            Ok(false)
+        }
+        (out, _) => judge(
             caller,
             Got {
                 out,
@@ -600,6 +685,22 @@ fn judge_retry<T: PartialEq + Debug, E: Debug>(
             store,
             false,
         ),
+    }
+}
+
+/// What the clean run ended with.
+enum Clean<T> {
+    Value(T),
+    /// A final error idem recorded, as `{:?}` shows it.
+    FinalError(String),
+}
+
+impl<T: Debug> Debug for Clean<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Clean::Value(v) => write!(f, "Ok({v:?})"),
+            Clean::FinalError(e) => write!(f, "Err({e})"),
+        }
     }
 }
 
@@ -670,6 +771,8 @@ pub struct Report {
     by_kind: Vec<(&'static str, usize)>,
     failure: Option<Failure>,
     clean_ops: Vec<String>,
+    /// What the step history check said, when asked for.
+    history: Option<String>,
     elapsed: Duration,
 }
 
@@ -746,7 +849,9 @@ impl fmt::Display for Report {
             )?,
             Some(failure) => {
                 writeln!(f, "idem explorer: FAILED at {}", failure.schedule)?;
-                writeln!(f, "what happened:")?;
+                if !failure.events.is_empty() {
+                    writeln!(f, "what happened:")?;
+                }
                 for (i, e) in failure.events.iter().enumerate() {
                     writeln!(f, "  {:>2}. {e}", i + 1)?;
                 }
@@ -766,6 +871,10 @@ impl fmt::Display for Report {
         if self.skipped > 0 {
             write!(f, "; {} skipped, the point not reached", self.skipped)?;
         }
-        write!(f, ")")
+        write!(f, ")")?;
+        if let Some(note) = &self.history {
+            write!(f, "; {note}")?;
+        }
+        Ok(())
     }
 }
