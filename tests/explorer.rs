@@ -610,3 +610,99 @@ async fn a_compensation_that_undoes_twice_is_caught() {
         "{text}"
     );
 }
+
+/// A `recover` flow: each cut off is tried once more with the recovery
+/// worker finishing the call, and the caller coming back gets the clean
+/// outcome. A desk that books a seat (a step) and sends a confirmation:
+/// correct in a step with the step's key, broken in the body.
+mod recovering {
+    use idem_runtime::recoverable;
+    use idem_runtime::recovery::Recovery;
+
+    use super::*;
+
+    #[derive(Debug, Default, Clone, PartialEq)]
+    pub struct Seats {
+        booked: BTreeSet<String>,
+        /// Confirmations the mail service sent, by the key it was given.
+        confirmations: BTreeSet<String>,
+        /// Confirmations sent from the body, where no key is stable.
+        sent_from_the_body: u32,
+    }
+
+    #[derive(Clone)]
+    pub struct Desk {
+        store: StoreRef,
+        confirm_in_the_body: bool,
+        seats: Arc<Mutex<Seats>>,
+    }
+
+    impl Desk {
+        #[idempotent(scope = "tests.explorer.desk", key = "seat", store = self.store.clone(), recover)]
+        pub async fn book(&self, seat: String) -> Result<String, ShopError> {
+            self.take_seat(&seat).await?;
+            if self.confirm_in_the_body {
+                self.seats.lock().unwrap().sent_from_the_body += 1;
+            } else {
+                self.confirm().await?;
+            }
+            Ok(format!("seat {seat}"))
+        }
+
+        #[step("take_seat")]
+        async fn take_seat(&self, seat: &str) -> Result<(), ShopError> {
+            self.seats.lock().unwrap().booked.insert(seat.to_owned());
+            Ok(())
+        }
+
+        /// The mail service deduplicates on the step's key.
+        #[step("confirm")]
+        async fn confirm(&self) -> Result<(), ShopError> {
+            let key = idem_runtime::current_key().expect("in a step").to_hex();
+            self.seats.lock().unwrap().confirmations.insert(key);
+            Ok(())
+        }
+    }
+
+    pub fn explorer(confirm_in_the_body: bool) -> Explorer<Desk, String, ShopError, Seats> {
+        Explorer::new(
+            move |store| async move {
+                Desk {
+                    store,
+                    confirm_in_the_body,
+                    seats: Arc::default(),
+                }
+            },
+            |desk: Desk| async move { desk.book("12A".to_owned()).await },
+            |desk: Desk| async move { desk.seats.lock().unwrap().clone() },
+        )
+        .only(Faults::CUT_OFFS)
+        .recover_with(|desk: Desk| Recovery::new().register(recoverable!(Desk::book, desk)))
+    }
+}
+
+#[tokio::test]
+async fn the_recovery_worker_finishes_each_cut_off_call() {
+    let report = recovering::explorer(false).run().await;
+    report.assert_passed();
+    let worker = report
+        .by_kind()
+        .iter()
+        .find(|(k, _)| *k == "cut off, then finished by the recovery worker")
+        .map(|(_, n)| *n);
+    // 6 fault points (the call's claim and record, each step's claim and
+    // record), two schedules each with the worker.
+    assert_eq!(worker, Some(12), "{report}");
+    assert!(report.finished_by_the_worker() >= 6, "{report}");
+}
+
+#[tokio::test]
+async fn a_confirmation_in_a_recovered_body_is_caught() {
+    let report = recovering::explorer(true).run().await;
+    let failure = report.failure().expect("caught");
+    let text = report.to_string();
+    assert!(
+        failure.problem().contains("sent_from_the_body: 2"),
+        "{text}"
+    );
+}

@@ -27,7 +27,10 @@
 //!   then the first goes on; one more schedule sends the duplicate after the
 //!   first call's result is stored;
 //! - **stale owner**: the first call is held there past its lease, a second
-//!   call takes the record over and finishes, then the first goes on.
+//!   call takes the record over and finishes, then the first goes on;
+//! - **recovered** (with [`Explorer::recover_with`], for a `recover`
+//!   function): cut off there, then a recovery worker's pass finishes the
+//!   call, and the caller comes back.
 //!
 //! The clean run may also end with a final error idem records
 //! (`final_err`): then the compensations' claims and records are fault
@@ -159,10 +162,22 @@ impl Faults {
 /// One schedule: where the first call is held and what happens then.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Schedule {
-    CutOff { op: usize, after: bool },
-    Duplicate { op: usize },
+    CutOff {
+        op: usize,
+        after: bool,
+    },
+    /// Cut off there, then a recovery worker's pass finishes the call.
+    Recovered {
+        op: usize,
+        after: bool,
+    },
+    Duplicate {
+        op: usize,
+    },
     DuplicateAfterResult,
-    StaleOwner { op: usize },
+    StaleOwner {
+        op: usize,
+    },
 }
 
 impl Schedule {
@@ -170,6 +185,7 @@ impl Schedule {
         match self {
             Schedule::CutOff { after: false, .. } => "cut off before a store operation",
             Schedule::CutOff { after: true, .. } => "cut off after a store operation",
+            Schedule::Recovered { .. } => "cut off, then finished by the recovery worker",
             Schedule::Duplicate { .. } => "duplicate while the first call runs",
             Schedule::DuplicateAfterResult => "duplicate after the result is stored",
             Schedule::StaleOwner { .. } => "stale owner going on after a takeover",
@@ -178,7 +194,7 @@ impl Schedule {
 
     fn hold(self) -> Option<Hold> {
         let (op, after) = match self {
-            Schedule::CutOff { op, after } => (op, after),
+            Schedule::CutOff { op, after } | Schedule::Recovered { op, after } => (op, after),
             Schedule::Duplicate { op } | Schedule::StaleOwner { op } => (op, false),
             Schedule::DuplicateAfterResult => return None,
         };
@@ -207,6 +223,10 @@ pub struct Explorer<S, T, E, P> {
     real_lease: Option<Duration>,
     history: Option<std::path::PathBuf>,
     accept: Option<bool>,
+    recovery: Option<Box<dyn Fn(S) -> crate::recovery::Recovery + Send + Sync>>,
+    /// Calls the recovery worker finished (with their result or a final
+    /// error), over all schedules.
+    finished_by_worker: std::sync::atomic::AtomicUsize,
 }
 
 /// What a caller got, and what idem said its call did.
@@ -250,7 +270,29 @@ where
             real_lease: None,
             history: None,
             accept: None,
+            recovery: None,
+            finished_by_worker: std::sync::atomic::AtomicUsize::new(0),
         }
+    }
+
+    /// For a `recover` function: the registry a recovery worker runs it
+    /// with, on the schedule's state. Each cut off is then tried once more
+    /// with the worker finishing the call instead of its caller (the caller
+    /// comes back afterwards and must get the clean outcome).
+    ///
+    /// ```no_run
+    /// # use idem_runtime::recovery::Recovery;
+    /// # fn go<S: Clone + Send + Sync + 'static>(explorer: idem_runtime::testing::Explorer<S, (), (), ()>, register: fn(S) -> Recovery) -> idem_runtime::testing::Explorer<S, (), (), ()> {
+    /// // e.g. |desk: Desk| Recovery::new().register(recoverable!(Desk::book, desk))
+    /// explorer.recover_with(register)
+    /// # }
+    /// ```
+    pub fn recover_with<F>(mut self, registry: F) -> Self
+    where
+        F: Fn(S) -> crate::recovery::Recovery + Send + Sync + 'static,
+    {
+        self.recovery = Some(Box::new(registry));
+        self
     }
 
     /// Checks the clean run's steps, in order, against the history in
@@ -354,6 +396,7 @@ where
             failure: None,
             clean_ops: Vec::new(),
             history: None,
+            finished_by_worker: 0,
             elapsed: Duration::ZERO,
         };
         let (value, snapshot, ops) = match clean {
@@ -411,6 +454,9 @@ where
                 }
             }
         }
+        report.finished_by_worker = self
+            .finished_by_worker
+            .load(std::sync::atomic::Ordering::Relaxed);
         report.elapsed = started.elapsed();
         report
     }
@@ -463,6 +509,10 @@ where
             if self.faults.cut_offs {
                 all.push(Schedule::CutOff { op, after: false });
                 all.push(Schedule::CutOff { op, after: true });
+                if self.recovery.is_some() {
+                    all.push(Schedule::Recovered { op, after: false });
+                    all.push(Schedule::Recovered { op, after: true });
+                }
             }
             if self.faults.duplicates {
                 all.push(Schedule::Duplicate { op });
@@ -543,7 +593,7 @@ where
                 }
                 next_caller = 3;
             }
-            Schedule::CutOff { .. } => {
+            Schedule::CutOff { .. } | Schedule::Recovered { .. } => {
                 store.note("call 1 starts".to_owned());
                 let mut first: Pin<Box<_>> = Box::pin(self.call_as(1, state));
                 tokio::select! {
@@ -555,6 +605,36 @@ where
                 }
                 drop(first);
                 store.note("call 1 is cut off: its future is dropped".to_owned());
+                if let (Schedule::Recovered { .. }, Some(registry)) = (schedule, &self.recovery) {
+                    let moved = self.outlast_leases(clock, store).await;
+                    store.note(format!(
+                        "the clock moves {moved:?} (the lease runs out); a recovery worker's pass"
+                    ));
+                    let worker = crate::recovery::Worker::builder(
+                        StoreRef::new(store.clone()),
+                        registry(state.clone()),
+                    )
+                    .build();
+                    match worker.run_once().await {
+                        Ok(pass) => {
+                            store.note(format!(
+                                "the worker found {}, recovered {}, gave up {}, failed {}, parked {}",
+                                pass.found, pass.recovered, pass.gave_up, pass.failed, pass.parked
+                            ));
+                            self.finished_by_worker.fetch_add(
+                                pass.recovered + pass.gave_up,
+                                std::sync::atomic::Ordering::Relaxed,
+                            );
+                        }
+                        Err(e) => {
+                            return Err(Wrong(format!("the recovery worker's pass failed: {e}")));
+                        }
+                    }
+                    store.note("call 2 (the caller, back) starts".to_owned());
+                    let back = self.call_as(2, state).await;
+                    succeeded |= judge_retry(2, back, value, store)?;
+                    next_caller = 3;
+                }
             }
             Schedule::Duplicate { .. } | Schedule::StaleOwner { .. } => {
                 store.note("call 1 starts".to_owned());
@@ -732,6 +812,12 @@ fn describe(schedule: Schedule, ops: &[String]) -> String {
             op + 1,
             at(op)
         ),
+        Schedule::Recovered { op, after } => format!(
+            "call 1 cut off {} its store operation #{} ({}), then a recovery worker's pass",
+            if after { "after" } else { "before" },
+            op + 1,
+            at(op)
+        ),
         Schedule::Duplicate { op } => format!(
             "a duplicate while call 1 is held before its store operation #{} ({})",
             op + 1,
@@ -773,6 +859,7 @@ pub struct Report {
     clean_ops: Vec<String>,
     /// What the step history check said, when asked for.
     history: Option<String>,
+    finished_by_worker: usize,
     elapsed: Duration,
 }
 
@@ -800,6 +887,12 @@ impl Report {
     /// How many schedules ran per fault kind, in the order first tried.
     pub fn by_kind(&self) -> &[(&'static str, usize)] {
         &self.by_kind
+    }
+
+    /// How many cut-off calls the recovery worker finished (with
+    /// [`Explorer::recover_with`]).
+    pub fn finished_by_the_worker(&self) -> usize {
+        self.finished_by_worker
     }
 
     /// Whether every schedule passed.
@@ -867,6 +960,13 @@ impl fmt::Display for Report {
         }
         for (kind, n) in &self.by_kind {
             write!(f, "; {kind}: {n}")?;
+        }
+        if self.finished_by_worker > 0 {
+            write!(
+                f,
+                "; calls the recovery worker finished: {}",
+                self.finished_by_worker
+            )?;
         }
         if self.skipped > 0 {
             write!(f, "; {} skipped, the point not reached", self.skipped)?;
