@@ -74,6 +74,25 @@ impl Kafka {
         })
     }
 
+    /// Sends `order` to `partition`, keyed by its id; its offset.
+    async fn publish_on(&self, partition: i32, order: &OrderPaid) -> i64 {
+        let body = serde_json::to_vec(order).unwrap();
+        let sent = self
+            .producer
+            .send(
+                FutureRecord::<str, [u8]>::to(&self.topic)
+                    .partition(partition)
+                    .key(&order.order_id)
+                    .payload(&body),
+                Duration::from_secs(30),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+        self.note((sent.partition, sent.offset));
+        sent.offset
+    }
+
     fn note(&self, (partition, offset): (i32, i64)) {
         let mut published = self.published.lock().unwrap();
         let top = published.entry(partition).or_insert(offset);
@@ -95,20 +114,7 @@ impl Broker for Kafka {
             *next = (*next + 1) % PARTITIONS;
             *next
         };
-        let body = serde_json::to_vec(order).unwrap();
-        let sent = self
-            .producer
-            .send(
-                FutureRecord::<str, [u8]>::to(&self.topic)
-                    .partition(partition)
-                    .key(&order.order_id)
-                    .payload(&body),
-                Duration::from_secs(30),
-            )
-            .await
-            .map_err(|(e, _)| e)
-            .unwrap();
-        self.note((sent.partition, sent.offset));
+        self.publish_on(partition, order).await;
     }
 
     async fn publish_raw(&self, body: &[u8], message_id: Option<&str>) {
@@ -461,39 +467,19 @@ fn committed_offsets(b: &Kafka) -> HashMap<i32, i64> {
 /// anything after it in its partition, counted as a second delivery.
 #[tokio::test]
 async fn a_dropped_delivery_commits_nothing_and_comes_back_first() {
-    use idem_runtime::consumer::{Delivery, Source};
+    use idem_runtime::consumer::Delivery;
     let Some(b) = Kafka::new().await else { return };
     let mut offsets = Vec::new();
     for id in ["dropped-1", "dropped-2"] {
-        let body = serde_json::to_vec(&order(id)).unwrap();
-        let sent = b
-            .producer
-            .send(
-                FutureRecord::<str, [u8]>::to(&b.topic)
-                    .partition(0)
-                    .payload(&body),
-                Duration::from_secs(30),
-            )
-            .await
-            .map_err(|(e, _)| e)
-            .unwrap();
-        b.note((sent.partition, sent.offset));
-        offsets.push(sent.offset);
+        offsets.push(b.publish_on(0, &order(id)).await);
     }
     let mut source = b.consumer("dropping").await;
-    // Bounded: a message lost to the drop would leave `next` waiting.
-    let mut next = async || {
-        tokio::time::timeout(Duration::from_secs(30), source.next())
-            .await
-            .expect("a delivery within 30 s")
-            .unwrap()
-    };
-    let first = next().await;
+    let first = next_within_a_minute(&mut source).await;
     assert_eq!(first.position(), Some((b.topic.as_str(), 0, offsets[0])));
     assert_eq!(first.attempt(), 1);
     drop(first);
 
-    let again = next().await;
+    let again = next_within_a_minute(&mut source).await;
     assert_eq!(
         (again.position(), again.attempt()),
         (Some((b.topic.as_str(), 0, offsets[0])), 2),
@@ -505,7 +491,7 @@ async fn a_dropped_delivery_commits_nothing_and_comes_back_first() {
         "nothing committed for a dropped delivery"
     );
     again.ack().await.unwrap();
-    let after = next().await;
+    let after = next_within_a_minute(&mut source).await;
     assert_eq!(after.position(), Some((b.topic.as_str(), 0, offsets[1])));
     eventually("the ack is committed", || async {
         committed_offsets(&b).get(&0) == Some(&(offsets[0] + 1))
@@ -520,29 +506,12 @@ async fn a_dropped_delivery_commits_nothing_and_comes_back_first() {
 /// first owner, each once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_past_the_first_block_that_outlives_its_owners_is_counted_each_time() {
-    use idem_runtime::consumer::{Delivery, Source};
+    use idem_runtime::consumer::Delivery;
     let Some(b) = Kafka::new().await else { return };
     for i in 0..131 {
-        let body = serde_json::to_vec(&order(format!("block-{i}"))).unwrap();
-        let sent = b
-            .producer
-            .send(
-                FutureRecord::<str, [u8]>::to(&b.topic)
-                    .partition(0)
-                    .payload(&body),
-                Duration::from_secs(30),
-            )
-            .await
-            .map_err(|(e, _)| e)
-            .unwrap();
-        b.note((sent.partition, sent.offset));
+        b.publish_on(0, &order(format!("block-{i}"))).await;
     }
-    let next = async |source: &mut KafkaSource| {
-        tokio::time::timeout(Duration::from_secs(60), source.next())
-            .await
-            .expect("a delivery within 60 s")
-            .unwrap()
-    };
+    let next = next_within_a_minute;
     let mut first = b.consumer("first-owner").await;
     for offset in 0..130 {
         let d = next(&mut first).await;
@@ -573,4 +542,16 @@ async fn a_message_past_the_first_block_that_outlives_its_owners_is_counted_each
         drop(d);
         owner = b.consumer(&format!("owner-{}", attempt + 1)).await;
     }
+}
+
+/// The source's next delivery, bounded: a message lost would otherwise
+/// leave the test waiting forever.
+async fn next_within_a_minute(
+    source: &mut KafkaSource,
+) -> idem_runtime::consumer::kafka::KafkaDelivery {
+    use idem_runtime::consumer::Source;
+    tokio::time::timeout(Duration::from_secs(60), source.next())
+        .await
+        .expect("a delivery within 60 s")
+        .unwrap()
 }
