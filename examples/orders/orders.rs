@@ -535,6 +535,107 @@ mod explored {
         ]
     }
 
+    // Two broken versions of the flow, which the explorer must catch.
+    impl OrderService {
+        /// Stock taken by a write in the body, outside any step.
+        #[idempotent(scope = "orders.create.broken_body", key = "req.client_order_no", store = self.store.clone())]
+        async fn create_order_writing_in_the_body(
+            &self,
+            req: CreateOrder,
+        ) -> Result<Order, AppError> {
+            self.deduct_stock(&req).await?;
+            let id = self.insert_order(&req).await?;
+            sqlx::query("UPDATE stock SET qty = qty - 1 WHERE sku = ?1")
+                .bind(&req.sku)
+                .execute(self.db())
+                .await?;
+            let coupon = self.issue_coupon(id).await?;
+            Ok(Order { id, coupon })
+        }
+
+        /// `insert_order` as it was: a plain INSERT, which fails on the
+        /// order a crashed attempt already committed.
+        #[idempotent(scope = "orders.create.broken_step", key = "req.client_order_no", store = self.store.clone())]
+        async fn create_order_failing_on_its_own_row(
+            &self,
+            req: CreateOrder,
+        ) -> Result<Order, AppError> {
+            self.deduct_stock(&req).await?;
+            let id = self.insert_order_plainly(&req).await?;
+            let coupon = self.issue_coupon(id).await?;
+            Ok(Order { id, coupon })
+        }
+
+        #[step("insert_order")]
+        async fn insert_order_plainly(&self, req: &CreateOrder) -> Result<i64, AppError> {
+            let id = sqlx::query_scalar(
+                "INSERT INTO orders (user_id, client_order_no, sku, qty) VALUES (?1, ?2, ?3, ?4) RETURNING id",
+            )
+            .bind(req.user_id)
+            .bind(&req.client_order_no)
+            .bind(&req.sku)
+            .bind(req.qty)
+            .fetch_one(self.db())
+            .await?;
+            Ok(id)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_write_in_the_body_is_caught() {
+        let report = Explorer::new(
+            fresh,
+            |svc: Arc<OrderService>| async move {
+                svc.create_order_writing_in_the_body(request("c-1")).await
+            },
+            snapshot,
+        )
+        .run()
+        .await;
+        let failure = report.failure().expect("caught");
+        assert_eq!(
+            failure.schedule(),
+            "call 1 stalls past its lease before its store operation #2 (claim step `deduct_stock`), another takes over, then call 1 goes on",
+            "{report}"
+        );
+        assert_eq!(
+            failure.problem(),
+            "the state differs from the clean run's:\n  clean run: 7,\n  this run:  6,",
+            "{report}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_step_that_fails_on_its_own_row_is_caught() {
+        let report = Explorer::new(
+            fresh,
+            |svc: Arc<OrderService>| async move {
+                svc.create_order_failing_on_its_own_row(request("c-1"))
+                    .await
+            },
+            snapshot,
+        )
+        .run()
+        .await;
+        let failure = report.failure().expect("caught");
+        assert_eq!(
+            failure.schedule(),
+            "call 1 cut off before its store operation #5 (record the outcome of step `insert_order`)",
+            "{report}"
+        );
+        assert_eq!(
+            failure.problem(),
+            "the call did not succeed in 5 retries",
+            "{report}"
+        );
+        assert!(
+            report
+                .to_string()
+                .contains("UNIQUE constraint failed: orders.user_id, orders.client_order_no"),
+            "{report}"
+        );
+    }
+
     #[tokio::test]
     async fn every_fault_point_leaves_one_order_one_movement_one_message_one_coupon() {
         let report = Explorer::new(
