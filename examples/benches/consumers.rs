@@ -12,6 +12,8 @@
 //! # knobs: IDEM_BENCH_MESSAGES (20000 per cell) IDEM_BENCH_ROUNDS (1)
 //! #        IDEM_BENCH_CONCURRENCY (1,16) IDEM_BENCH_BROKERS (redis,rabbitmq,nats,kafka)
 //! #        IDEM_BENCH_KAFKA_PARTITIONS (16) IDEM_BENCH_KAFKA_COUNTS (postgres|redis)
+//! #        IDEM_BENCH_KAFKA_HAND (spawn|inline: the hand-written side's partitions
+//! #        on tasks of their own, or polled by one task as the runner's are)
 //! #        IDEM_POSTGRES_URL IDEM_REDIS_URL IDEM_RABBITMQ_URL IDEM_NATS_URL IDEM_KAFKA_BROKERS
 //! ```
 //!
@@ -38,7 +40,8 @@
 //! `IDEM_BENCH_KAFKA_PARTITIONS`, keys spread over them), and commit one
 //! past each message (`CommitMode::Async`) once its transaction committed.
 //! The hand-written side reads one `StreamConsumer` and hands each partition
-//! to a task of its own, a semaphore of `c` permits around the transactions.
+//! to a task of its own (or, with `IDEM_BENCH_KAFKA_HAND=inline`, to a future
+//! its one task polls), a semaphore of `c` permits around the transactions.
 //! idem's side also counts each delivery in an idem store before running it
 //! (Kafka keeps no delivery count; `IDEM_BENCH_KAFKA_COUNTS`: PostgreSQL, the
 //! same database, or Redis): the hand-written side has no count, so a message
@@ -237,6 +240,9 @@ struct Brokers {
     kafka_partitions: i32,
     /// Where idem's Kafka side counts deliveries.
     kafka_counts: StoreRef,
+    /// The hand-written Kafka side spawns a task per partition (else its
+    /// lanes are polled by one task, as `Runner::run` polls deliveries).
+    kafka_spawn: bool,
 }
 
 fn order_id(run: &str, i: u64) -> String {
@@ -470,7 +476,7 @@ impl Brokers {
     ) -> (Duration, u64) {
         let take = n as usize;
         if broker == Broker::Kafka {
-            return kafka_reference(&self.kafka, topic, pool, c, n).await;
+            return kafka_reference(&self.kafka, topic, pool, c, n, self.kafka_spawn).await;
         }
         let elapsed = match broker {
             Broker::Redis => {
@@ -600,6 +606,7 @@ async fn kafka_reference(
     pool: &PgPool,
     c: usize,
     n: u64,
+    spawn: bool,
 ) -> (Duration, u64) {
     use std::collections::HashMap;
     use std::sync::Arc;
@@ -621,15 +628,21 @@ async fn kafka_reference(
     let first = Arc::new(tokio::sync::Notify::new());
     let finished = Arc::new(tokio::sync::Notify::new());
     let mut lanes: HashMap<i32, tokio::sync::mpsc::UnboundedSender<OwnedMessage>> = HashMap::new();
-    let mut workers = Vec::new();
+    let mut spawned = Vec::new();
+    // Polled by this task with the reading, as `Runner::run` polls its
+    // deliveries, when the lanes are not spawned.
+    let mut inline = futures_util::stream::FuturesUnordered::new();
     let reading = async {
         loop {
-            let m = consumer.recv().await.expect("a Kafka message").detach();
+            let m = tokio::select! {
+                m = consumer.recv() => m.expect("a Kafka message").detach(),
+                Some(()) = inline.next(), if !inline.is_empty() => continue,
+            };
             let lane = lanes.entry(m.partition()).or_insert_with(|| {
                 let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<OwnedMessage>();
                 let (consumer, permits, pool) = (consumer.clone(), permits.clone(), pool.clone());
                 let (done, first, finished) = (done.clone(), first.clone(), finished.clone());
-                workers.push(tokio::spawn(async move {
+                let worker = async move {
                     while let Some(m) = rx.recv().await {
                         let permit = permits.acquire().await.expect("open");
                         reference_handler(&pool, m.payload().expect("a payload"))
@@ -650,7 +663,12 @@ async fn kafka_reference(
                             _ => {}
                         }
                     }
-                }));
+                };
+                if spawn {
+                    spawned.push(tokio::spawn(worker));
+                } else {
+                    inline.push(Box::pin(worker));
+                }
                 tx
             });
             lane.send(m).expect("a worker");
@@ -666,7 +684,7 @@ async fn kafka_reference(
         () = reading => unreachable!("the read loop never ends"),
         elapsed = timed => elapsed,
     };
-    for w in workers {
+    for w in spawned {
         w.abort();
     }
     (elapsed, n - 1)
@@ -795,6 +813,7 @@ async fn bench() -> Result<(), BoxError> {
         ),
         kafka: url("IDEM_KAFKA_BROKERS", "127.0.0.1:9092"),
         kafka_partitions: env("IDEM_BENCH_KAFKA_PARTITIONS", 16),
+        kafka_spawn: url("IDEM_BENCH_KAFKA_HAND", "spawn") != "inline",
         kafka_counts: match url("IDEM_BENCH_KAFKA_COUNTS", "postgres").as_str() {
             "redis" => RedisStore::connect(&url("IDEM_REDIS_URL", "redis://127.0.0.1:6379"))
                 .await?
@@ -804,9 +823,14 @@ async fn bench() -> Result<(), BoxError> {
     };
     if brokers_on.iter().any(|b| b == "kafka") {
         println!(
-            "Kafka: {} partitions, delivery counts in {}",
+            "Kafka: {} partitions, delivery counts in {}, the hand-written side's partitions {}",
             brokers.kafka_partitions,
-            brokers.kafka_counts.backend()
+            brokers.kafka_counts.backend(),
+            if brokers.kafka_spawn {
+                "on tasks of their own"
+            } else {
+                "polled by one task"
+            }
         );
     }
 
