@@ -14,6 +14,8 @@
 //! #        IDEM_BENCH_KAFKA_PARTITIONS (16) IDEM_BENCH_KAFKA_COUNTS (postgres|redis)
 //! #        IDEM_BENCH_KAFKA_HAND (spawn|inline: the hand-written side's partitions
 //! #        on tasks of their own, or polled by one task as the runner's are)
+//! #        IDEM_BENCH_SPAWN=1: idem's side with `Runner::run_spawned` (each
+//! #        delivery on a task of its own) instead of `Runner::run`
 //! #        IDEM_POSTGRES_URL IDEM_REDIS_URL IDEM_RABBITMQ_URL IDEM_NATS_URL IDEM_KAFKA_BROKERS
 //! ```
 //!
@@ -160,7 +162,7 @@ async fn reference_tx(pool: &PgPool, e: &OrderPaid) -> Result<(), BenchError> {
 /// handler is the hand-written transaction (the runner and the adapter alone).
 /// With `from_first`, the clock starts at the first ack and the `n - 1`
 /// after it are timed. Returns the time and how many messages it covers.
-async fn idem_side<S: Source>(
+async fn idem_side<S: Source<Delivery: 'static>>(
     source: S,
     pool: &PgPool,
     c: usize,
@@ -170,13 +172,34 @@ async fn idem_side<S: Source>(
 ) -> (Duration, u64) {
     let runner = Runner::new().concurrency(c);
     let mut started = Instant::now();
-    let run = runner.run(source, |e: OrderPaid| async move {
-        if store {
-            idem_handler(pool, e).await
+    let spawned = env("IDEM_BENCH_SPAWN", 0) == 1;
+    let run = async {
+        if spawned {
+            let pool = pool.clone();
+            runner
+                .run_spawned(source, move |e: OrderPaid| {
+                    let pool = pool.clone();
+                    async move {
+                        if store {
+                            idem_handler(&pool, e).await
+                        } else {
+                            reference_tx(&pool, &e).await
+                        }
+                    }
+                })
+                .await
         } else {
-            reference_tx(pool, &e).await
+            runner
+                .run(source, |e: OrderPaid| async move {
+                    if store {
+                        idem_handler(pool, e).await
+                    } else {
+                        reference_tx(pool, &e).await
+                    }
+                })
+                .await
         }
-    });
+    };
     // Polled every 5 ms: a wake-up per millisecond cost the consumer
     // measurable CPU on two cores; 5 ms is under 0.2 % of a default cell.
     let done = async {

@@ -120,10 +120,12 @@ impl Runner {
     ///
     /// The broker must hand out that many unacked messages: on RabbitMQ set
     /// `RabbitMqBuilder::prefetch` (feature `rabbitmq`) to at least `n`; on Redis Streams and JetStream a `batch` of about `n` fetches them
-    /// in one round trip. The handler is shared by reference, not spawned:
-    /// the deliveries run concurrently on the task that runs `run`, so a
-    /// multi-threaded runtime spreads them over its threads only through the
-    /// I/O they wait on; spawn more runners (more consumers) to use more cores.
+    /// in one round trip. With [`Runner::run`] the handler is shared by
+    /// reference, not spawned: the deliveries run concurrently on the task
+    /// that runs `run`, so a multi-threaded runtime spreads them over its
+    /// threads only through the I/O they wait on. [`Runner::run_spawned`]
+    /// puts each delivery on a task of its own (a `'static` handler), or run
+    /// more runners (more consumers) to use more cores.
     ///
     /// ```
     /// # use idem_runtime::consumer::Runner;
@@ -312,6 +314,70 @@ impl Runner {
         Fut: Future<Output = Result<T, E>>,
         E: fmt::Debug,
     {
+        let handler = &handler;
+        self.drive(source, |delivery| self.process(delivery, handler))
+            .await
+    }
+
+    /// [`Runner::run`], with each delivery processed on a tokio task of its
+    /// own, so up to [`concurrency`](Runner::concurrency) handlers run on as
+    /// many threads as the runtime has, not only on the task that runs
+    /// `run_spawned`: for handlers whose CPU, not their I/O, sets the pace.
+    /// The handler and what it returns must be `Send + 'static` (share a
+    /// pool by cloning it into the closure). Everything else is as `run`: the
+    /// same outcomes, acks, retries and parking, in flight at most
+    /// `concurrency`; a panic that escapes a delivery's processing unwinds
+    /// through `run_spawned`, as it would through `run`.
+    ///
+    /// ```no_run
+    /// use idem_runtime::consumer::Runner;
+    /// use idem_runtime::consumer::redis_streams::RedisStreamsSource;
+    ///
+    /// # #[derive(serde::Deserialize)] struct OrderPaid { order_id: String }
+    /// # async fn settle(pool: sqlx::PgPool, e: OrderPaid) -> Result<(), std::io::Error> { Ok(()) }
+    /// # async fn go(source: RedisStreamsSource, pool: sqlx::PgPool) {
+    /// let err = Runner::new()
+    ///     .concurrency(16)
+    ///     .run_spawned(source, move |e: OrderPaid| settle(pool.clone(), e))
+    ///     .await;
+    /// # let _ = err; }
+    /// ```
+    pub async fn run_spawned<S, M, T, E, H, Fut>(&self, source: S, handler: H) -> BrokerError
+    where
+        S: Source,
+        S::Delivery: 'static,
+        M: FromDelivery + Send + 'static,
+        H: Fn(M) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        T: Send + 'static,
+        E: fmt::Debug + Send + 'static,
+    {
+        let handler = Arc::new(handler);
+        self.drive(source, |delivery| {
+            let (runner, handler) = (self.clone(), handler.clone());
+            let task = tokio::spawn(async move { runner.process(delivery, &*handler).await });
+            async move {
+                match task.await {
+                    Ok(done) => done,
+                    Err(e) => match e.try_into_panic() {
+                        Ok(panic) => std::panic::resume_unwind(panic),
+                        // Only a runtime shutting down cancels the task.
+                        Err(e) => Err(BrokerError::new("runner", e)),
+                    },
+                }
+            }
+        })
+        .await
+    }
+
+    /// The loop of `run` and `run_spawned`: takes deliveries while fewer than
+    /// `concurrency` are in flight, each started by `start`.
+    async fn drive<S, F, Fut>(&self, source: S, start: F) -> BrokerError
+    where
+        S: Source,
+        F: Fn(S::Delivery) -> Fut,
+        Fut: Future<Output = Result<Action, BrokerError>>,
+    {
         // The source as a stream: a `next()` call that is still waiting when a
         // delivery in flight finishes must be resumed, not dropped (a dropped
         // XREADGROUP would leave what it read pending on this consumer, to
@@ -342,7 +408,7 @@ impl Runner {
                 Poll::Pending
             });
             match step.await {
-                Step::Next(Ok(delivery)) => in_flight.push(self.process(delivery, &handler)),
+                Step::Next(Ok(delivery)) => in_flight.push(start(delivery)),
                 Step::Next(Err(e)) | Step::Done(Err(e)) => {
                     failed.get_or_insert(e);
                 }

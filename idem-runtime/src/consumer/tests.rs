@@ -256,6 +256,76 @@ fn run_keeps_concurrency_deliveries_in_flight_and_finishes_them_on_error() {
     });
 }
 
+/// `run_spawned`: each delivery's handler runs on a task of its own (not
+/// the task running the runner), still never more than `concurrency` at
+/// once, every delivery acked.
+#[test]
+fn run_spawned_runs_each_delivery_on_a_task_of_its_own() {
+    use std::collections::HashSet;
+    use std::sync::{Arc, Mutex};
+    block_on(async {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let logs: Vec<_> = (0..10)
+            .map(|i| {
+                let d = Memory::new(format!("\"m-{i}\"").as_bytes());
+                let log = d.log();
+                tx.send(d).unwrap();
+                log
+            })
+            .collect();
+        let running = Arc::new(AtomicU32::new(0));
+        let most = Arc::new(AtomicU32::new(0));
+        let release = Arc::new(tokio::sync::Semaphore::new(0));
+        let tasks: Arc<Mutex<HashSet<tokio::task::Id>>> = Arc::default();
+        let handler = {
+            let (running, most, release, tasks) = (
+                running.clone(),
+                most.clone(),
+                release.clone(),
+                tasks.clone(),
+            );
+            move |_: String| {
+                let (running, most, release, tasks) = (
+                    running.clone(),
+                    most.clone(),
+                    release.clone(),
+                    tasks.clone(),
+                );
+                async move {
+                    tasks.lock().unwrap().insert(tokio::task::id());
+                    let now = running.fetch_add(1, SeqCst) + 1;
+                    most.fetch_max(now, SeqCst);
+                    release.acquire().await.unwrap().forget();
+                    running.fetch_sub(1, SeqCst);
+                    Ok::<(), Failure>(())
+                }
+            }
+        };
+        let r = runner().concurrency(4);
+        let runner_task = tokio::spawn({
+            let r = r.clone();
+            async move { r.run_spawned(Channel(rx), handler).await }
+        });
+        while running.load(SeqCst) < 4 {
+            tokio::task::yield_now().await;
+        }
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(most.load(SeqCst), 4, "never more than concurrency");
+        release.add_permits(10);
+        drop(tx);
+        let err = runner_task.await.unwrap();
+        assert_eq!(err.to_string(), "broker memory: closed");
+        let stats = r.stats();
+        assert_eq!((stats.delivered, stats.processed), (10, 10), "{stats:?}");
+        for log in logs {
+            assert_eq!(*log.lock().unwrap(), ["ack"]);
+        }
+        assert_eq!(tasks.lock().unwrap().len(), 10, "a task per delivery");
+    });
+}
+
 /// Two deliveries of one key in flight together: the second meets the
 /// first's claim and is deferred, and the body runs once.
 #[test]
