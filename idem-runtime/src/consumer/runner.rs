@@ -330,17 +330,18 @@ impl Runner {
     /// through `run_spawned`, as it would through `run`.
     ///
     /// ```no_run
-    /// use idem_runtime::consumer::Runner;
-    /// use idem_runtime::consumer::redis_streams::RedisStreamsSource;
+    /// use idem_runtime::consumer::{Runner, Source};
     ///
     /// # #[derive(serde::Deserialize)] struct OrderPaid { order_id: String }
-    /// # async fn settle(pool: sqlx::PgPool, e: OrderPaid) -> Result<(), std::io::Error> { Ok(()) }
-    /// # async fn go(source: RedisStreamsSource, pool: sqlx::PgPool) {
-    /// let err = Runner::new()
-    ///     .concurrency(16)
-    ///     .run_spawned(source, move |e: OrderPaid| settle(pool.clone(), e))
-    ///     .await;
-    /// # let _ = err; }
+    /// # #[derive(Clone)] struct Pool;
+    /// # async fn settle(pool: Pool, e: OrderPaid) -> Result<(), std::io::Error> { Ok(()) }
+    /// async fn consume<S: Source<Delivery: 'static>>(source: S, pool: Pool) {
+    ///     let err = Runner::new()
+    ///         .concurrency(16)
+    ///         .run_spawned(source, move |e: OrderPaid| settle(pool.clone(), e))
+    ///         .await;
+    ///     eprintln!("the broker failed: {err}");
+    /// }
     /// ```
     pub async fn run_spawned<S, M, T, E, H, Fut>(&self, source: S, handler: H) -> BrokerError
     where
