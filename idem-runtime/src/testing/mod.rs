@@ -35,7 +35,9 @@
 //! The clean run may also end with a final error idem records
 //! (`final_err`): then the compensations' claims and records are fault
 //! points too, and every schedule must reach that same error with each
-//! effect undone once.
+//! effect undone once. The explorer does not make your steps fail: to give
+//! up at each step in turn, explore one call per step whose test double
+//! fails there (a card declined at `pay`, a carrier refusing at `ship`).
 //!
 //! After each schedule every call that returned `Ok` must have returned the
 //! clean run's value, every `Err` must be one idem documents for that
