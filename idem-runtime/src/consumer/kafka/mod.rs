@@ -585,9 +585,11 @@ async fn read(link: Arc<Link>) {
             Ok(m) => {
                 let m = m.detach();
                 let tp: Tp = (Arc::from(m.topic()), m.partition());
-                let flow = link.shared.lock().push(m);
+                let (flow, ready) = link.shared.lock().push(m);
                 link.flow(&tp, flow);
-                link.shared.wake.notify_one();
+                if ready {
+                    link.shared.wake.notify_one();
+                }
             }
             Err(e) if transient(&e) => {
                 tracing::warn!(error = %e, "kafka consumer error; going on");

@@ -87,16 +87,19 @@ impl Partitions {
     }
 
     /// A message read from the client. One of a partition this consumer no
-    /// longer owns is dropped.
-    pub(super) fn push(&mut self, message: OwnedMessage) -> Flow {
+    /// longer owns is dropped. Also whether the partition now has a message
+    /// ready that it did not have before: only then is there anything new
+    /// for a source waiting to hand out (a wake-up per message read while
+    /// every partition is busy would wake it for nothing).
+    pub(super) fn push(&mut self, message: OwnedMessage) -> (Flow, bool) {
         let tp: Tp = (Arc::from(message.topic()), message.partition());
         let Some(part) = self.owned.get_mut(&tp) else {
-            return Flow::default();
+            return (Flow::default(), false);
         };
         // A fetch can repeat what the partition already read (a seek, a
         // resume): keep offsets growing.
         if part.read.is_some_and(|read| message.offset() <= read) {
-            return Flow::default();
+            return (Flow::default(), false);
         }
         part.read = Some(message.offset());
         part.queue.push_back(Waiting {
@@ -105,10 +108,14 @@ impl Partitions {
         });
         let pause = !part.paused && part.queue.len() >= PAUSE_AT;
         part.paused |= pause;
-        Flow {
-            pause,
-            resume: false,
-        }
+        let ready = !part.busy && part.queue.len() == 1 && part.not_before.is_none();
+        (
+            Flow {
+                pause,
+                resume: false,
+            },
+            ready,
+        )
     }
 
     /// The front message of a partition that has nothing in flight and whose
@@ -219,6 +226,25 @@ mod tests {
         assert_eq!((next.tp.1, next.waiting.message.offset()), (0, 1));
     }
 
+    /// A message read says "ready" only when its partition had nothing to
+    /// hand out before: not behind another, not while one is in flight.
+    #[test]
+    fn a_read_message_is_ready_news_only_for_an_idle_empty_partition() {
+        let mut p = Partitions::default();
+        p.assign(tp(0));
+        assert!(p.push(message(0, 0)).1, "an idle, empty partition");
+        assert!(!p.push(message(0, 1)).1, "behind one already ready");
+        let (out, _) = p.take_ready(Instant::now()).unwrap();
+        assert!(!p.push(message(0, 2)).1, "with one in flight");
+        assert!(p.done(&out.tp, out.epoch));
+        // Done wakes the source itself; two wait now.
+        let (out, _) = p.take_ready(Instant::now()).unwrap();
+        assert_eq!(out.waiting.message.offset(), 1);
+        p.put_back(out, Instant::now() + std::time::Duration::from_secs(1));
+        assert!(!p.push(message(0, 3)).1, "behind a retry's wait");
+        assert!(!p.push(message(9, 0)).1, "not this consumer's partition");
+    }
+
     #[test]
     fn a_retried_message_goes_back_to_the_front_and_waits() {
         let mut p = Partitions::default();
@@ -261,7 +287,7 @@ mod tests {
         p.assign(tp(0));
         let mut paused = 0;
         for offset in 0..PAUSE_AT as i64 + 5 {
-            paused += usize::from(p.push(message(0, offset)).pause);
+            paused += usize::from(p.push(message(0, offset)).0.pause);
         }
         assert_eq!(paused, 1);
         let mut resumed = 0;
@@ -274,7 +300,7 @@ mod tests {
         }
         assert_eq!(resumed, 1);
         assert!(
-            !p.push(message(0, 0)).pause,
+            !p.push(message(0, 0)).0.pause,
             "an offset already past is dropped"
         );
     }
