@@ -100,10 +100,15 @@
 
 mod faults;
 mod history;
+mod report;
+mod schedule;
+mod verdict;
 
 pub use history::ACCEPT_ENV;
+pub use report::{Failure, Report};
+pub use schedule::Faults;
 
-use std::fmt::{self, Debug};
+use std::fmt::Debug;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
@@ -111,102 +116,12 @@ use std::time::{Duration, Instant};
 use futures_util::future::BoxFuture;
 
 use crate::clock::ManualClock;
-use crate::observe::CallOutcome;
-use crate::protocol::report::{self, Noted};
+use crate::protocol::report::{Noted, observed};
 use crate::store::StoreRef;
 use crate::store::memory::MemoryStore;
-use faults::{FaultStore, Hold, as_caller};
-
-/// Which faults the explorer tries (all of them unless narrowed).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Faults {
-    cut_offs: bool,
-    duplicates: bool,
-    stale_owners: bool,
-}
-
-impl Faults {
-    /// Every kind.
-    pub const ALL: Faults = Faults {
-        cut_offs: true,
-        duplicates: true,
-        stale_owners: true,
-    };
-    /// Callers cut off before and after each store operation, then retried.
-    pub const CUT_OFFS: Faults = Faults {
-        cut_offs: true,
-        duplicates: false,
-        stale_owners: false,
-    };
-    /// A duplicate at each store operation, and one after the result.
-    pub const DUPLICATES: Faults = Faults {
-        cut_offs: false,
-        duplicates: true,
-        stale_owners: false,
-    };
-    /// A caller stalled past its lease at each store operation, then going on.
-    pub const STALE_OWNERS: Faults = Faults {
-        cut_offs: false,
-        duplicates: false,
-        stale_owners: true,
-    };
-
-    /// Both sets.
-    pub const fn and(self, other: Faults) -> Faults {
-        Faults {
-            cut_offs: self.cut_offs || other.cut_offs,
-            duplicates: self.duplicates || other.duplicates,
-            stale_owners: self.stale_owners || other.stale_owners,
-        }
-    }
-}
-
-/// One schedule: where the first call is held and what happens then.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Schedule {
-    CutOff {
-        op: usize,
-        after: bool,
-    },
-    /// Cut off there, then a recovery worker's pass finishes the call.
-    Recovered {
-        op: usize,
-        after: bool,
-    },
-    Duplicate {
-        op: usize,
-    },
-    DuplicateAfterResult,
-    StaleOwner {
-        op: usize,
-    },
-}
-
-impl Schedule {
-    fn kind(self) -> &'static str {
-        match self {
-            Schedule::CutOff { after: false, .. } => "cut off before a store operation",
-            Schedule::CutOff { after: true, .. } => "cut off after a store operation",
-            Schedule::Recovered { .. } => "cut off, then finished by the recovery worker",
-            Schedule::Duplicate { .. } => "duplicate while the first call runs",
-            Schedule::DuplicateAfterResult => "duplicate after the result is stored",
-            Schedule::StaleOwner { .. } => "stale owner going on after a takeover",
-        }
-    }
-
-    fn hold(self) -> Option<Hold> {
-        let (op, after) = match self {
-            Schedule::CutOff { op, after } | Schedule::Recovered { op, after } => (op, after),
-            Schedule::Duplicate { op } | Schedule::StaleOwner { op } => (op, false),
-            Schedule::DuplicateAfterResult => return None,
-        };
-        Some(Hold {
-            caller: 1,
-            op,
-            after,
-        })
-    }
-}
+use faults::{FaultStore, as_caller};
+use schedule::{Schedule, describe};
+use verdict::{Clean, Got, Wrong, diff, judge, judge_retry, said};
 
 type Fresh<S> = Box<dyn Fn(StoreRef) -> BoxFuture<'static, S> + Send + Sync>;
 type Call<S, T, E> = Box<dyn Fn(S) -> BoxFuture<'static, Result<T, E>> + Send + Sync>;
@@ -230,15 +145,6 @@ pub struct Explorer<S, T, E, P> {
     /// error), over all schedules.
     finished_by_worker: std::sync::atomic::AtomicUsize,
 }
-
-/// What a caller got, and what idem said its call did.
-struct Got<T, E> {
-    out: Result<T, E>,
-    noted: Option<Noted>,
-}
-
-/// How a schedule went wrong.
-struct Wrong(String);
 
 impl<S, T, E, P> Explorer<S, T, E, P>
 where
@@ -530,7 +436,7 @@ where
     }
 
     async fn call_as(&self, caller: u32, state: &S) -> Got<T, E> {
-        let (out, noted, _) = as_caller(caller, report::observed((self.call)(state.clone()))).await;
+        let (out, noted, _) = as_caller(caller, observed((self.call)(state.clone()))).await;
         Got { out, noted }
     }
 
@@ -707,276 +613,5 @@ async fn bounded<F: Future>(fut: Pin<Box<F>>) -> Result<F::Output, ()> {
         .map_err(|_| ())
 }
 
-/// Checks what a caller got: `Ok(true)` for the clean value, `Ok(false)` for
-/// an error idem documents here, `Err` otherwise. A stale owner may also get
-/// the error its own body saw once its lease was gone.
-fn judge<T: PartialEq + Debug, E: Debug>(
-    caller: u32,
-    got: Got<T, E>,
-    value: &Clean<T>,
-    store: &FaultStore,
-    stale: bool,
-) -> Result<bool, Wrong> {
-    match (got.out, value) {
-        (Ok(v), Clean::Value(clean)) if &v == clean => {
-            store.note(format!("call {caller} returns the clean run's value"));
-            Ok(true)
-        }
-        (Ok(v), _) => Err(Wrong(format!(
-            "call {caller} returned Ok({v:?}); the clean run returned {value:?}"
-        ))),
-        (Err(e), Clean::FinalError(clean)) if &format!("{e:?}") == clean => {
-            store.note(format!("call {caller} returns the clean run's final error"));
-            Ok(true)
-        }
-        (Err(e), _) if documented(got.noted) || stale => {
-            store.note(format!("call {caller} returns {e:?} ({})", said(got.noted)));
-            Ok(false)
-        }
-        (Err(e), _) => Err(Wrong(format!(
-            "call {caller} returned {e:?} ({}), not an error idem documents for a duplicate",
-            said(got.noted)
-        ))),
-    }
-}
-
-/// A retry may fail with any error (the fault may leave it work to wait
-/// for); only a wrong value is wrong at once.
-fn judge_retry<T: PartialEq + Debug, E: Debug>(
-    caller: u32,
-    got: Got<T, E>,
-    value: &Clean<T>,
-    store: &FaultStore,
-) -> Result<bool, Wrong> {
-    match (got.out, value) {
-        (Err(e), Clean::FinalError(clean)) if &format!("{e:?}") != clean => {
-            store.note(format!("call {caller} returns {e:?} ({})", said(got.noted)));
-            Ok(false)
-        }
-        (Err(e), Clean::Value(_)) => {
-            store.note(format!("call {caller} returns {e:?} ({})", said(got.noted)));
-            Ok(false)
-        }
-        (out, _) => judge(
-            caller,
-            Got {
-                out,
-                noted: got.noted,
-            },
-            value,
-            store,
-            false,
-        ),
-    }
-}
-
-/// What the clean run ended with.
-enum Clean<T> {
-    Value(T),
-    /// A final error idem recorded, as `{:?}` shows it.
-    FinalError(String),
-}
-
-impl<T: Debug> Debug for Clean<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Clean::Value(v) => write!(f, "Ok({v:?})"),
-            Clean::FinalError(e) => write!(f, "Err({e})"),
-        }
-    }
-}
-
-fn documented(noted: Option<Noted>) -> bool {
-    matches!(
-        noted,
-        Some(Noted::Call {
-            outcome: CallOutcome::InProgress | CallOutcome::KeyReuse | CallOutcome::LeaseLost,
-            ..
-        }) | Some(Noted::Fenced { .. })
-    )
-}
-
-fn said(noted: Option<Noted>) -> String {
-    match noted {
-        Some(Noted::Call { outcome, .. }) => format!("idem: {outcome:?}"),
-        Some(Noted::Fenced { .. }) => "idem: fenced off by a newer owner".to_owned(),
-        Some(Noted::RolledBack) => "idem: the transaction rolled back".to_owned(),
-        None => "no idempotent call reported".to_owned(),
-    }
-}
-
-fn describe(schedule: Schedule, ops: &[String]) -> String {
-    let at = |op: usize| ops.get(op).map_or("?", String::as_str);
-    match schedule {
-        Schedule::CutOff { op, after } => format!(
-            "call 1 cut off {} its store operation #{} ({})",
-            if after { "after" } else { "before" },
-            op + 1,
-            at(op)
-        ),
-        Schedule::Recovered { op, after } => format!(
-            "call 1 cut off {} its store operation #{} ({}), then a recovery worker's pass",
-            if after { "after" } else { "before" },
-            op + 1,
-            at(op)
-        ),
-        Schedule::Duplicate { op } => format!(
-            "a duplicate while call 1 is held before its store operation #{} ({})",
-            op + 1,
-            at(op)
-        ),
-        Schedule::DuplicateAfterResult => "a duplicate after call 1 returned".to_owned(),
-        Schedule::StaleOwner { op } => format!(
-            "call 1 stalls past its lease before its store operation #{} ({}), another takes over, then call 1 goes on",
-            op + 1,
-            at(op)
-        ),
-    }
-}
-
-/// The lines of `now` that differ from `clean`.
-fn diff(clean: &str, now: &str) -> String {
-    let (a, b): (Vec<&str>, Vec<&str>) = (clean.lines().collect(), now.lines().collect());
-    if a.len() != b.len() {
-        return format!("clean run:\n{clean}\nthis run:\n{now}");
-    }
-    a.iter()
-        .zip(&b)
-        .filter(|(x, y)| x != y)
-        .map(|(x, y)| format!("  clean run: {}\n  this run:  {}", x.trim(), y.trim()))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 /// The clock every schedule starts from: any fixed instant does.
 const START_MILLIS: i64 = 1_800_000_000_000;
-
-/// What the explorer found: read it with `{}` or [`Report::assert_passed`].
-#[derive(Debug)]
-pub struct Report {
-    explored: usize,
-    skipped: usize,
-    by_kind: Vec<(&'static str, usize)>,
-    failure: Option<Failure>,
-    clean_ops: Vec<String>,
-    /// What the step history check said, when asked for.
-    history: Option<String>,
-    finished_by_worker: usize,
-    elapsed: Duration,
-}
-
-/// The first schedule that went wrong.
-#[derive(Debug)]
-pub struct Failure {
-    schedule: String,
-    events: Vec<String>,
-    problem: String,
-}
-
-impl Report {
-    fn count(&mut self, kind: &'static str) {
-        match self.by_kind.iter_mut().find(|(k, _)| *k == kind) {
-            Some((_, n)) => *n += 1,
-            None => self.by_kind.push((kind, 1)),
-        }
-    }
-
-    /// How many schedules ran (the failing one included).
-    pub fn explored(&self) -> usize {
-        self.explored
-    }
-
-    /// How many schedules ran per fault kind, in the order first tried.
-    pub fn by_kind(&self) -> &[(&'static str, usize)] {
-        &self.by_kind
-    }
-
-    /// How many cut-off calls the recovery worker finished (with
-    /// [`Explorer::recover_with`]).
-    pub fn finished_by_the_worker(&self) -> usize {
-        self.finished_by_worker
-    }
-
-    /// Whether every schedule passed.
-    pub fn passed(&self) -> bool {
-        self.failure.is_none()
-    }
-
-    /// The first failing schedule, if any.
-    pub fn failure(&self) -> Option<&Failure> {
-        self.failure.as_ref()
-    }
-
-    /// Panics with the report unless every schedule passed.
-    pub fn assert_passed(&self) {
-        assert!(self.passed(), "{self}");
-    }
-}
-
-impl Failure {
-    /// The schedule, in a sentence.
-    pub fn schedule(&self) -> &str {
-        &self.schedule
-    }
-
-    /// What went wrong (a wrong value, an undocumented error, the
-    /// snapshot's difference).
-    pub fn problem(&self) -> &str {
-        &self.problem
-    }
-
-    /// What happened, in order: the callers' store operations and what they
-    /// returned, the explorer's moves.
-    pub fn events(&self) -> &[String] {
-        &self.events
-    }
-}
-
-impl fmt::Display for Report {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.failure {
-            None => write!(
-                f,
-                "idem explorer: {} schedules passed in {:.2?} ({} fault points",
-                self.explored,
-                self.elapsed,
-                self.clean_ops.len()
-            )?,
-            Some(failure) => {
-                writeln!(f, "idem explorer: FAILED at {}", failure.schedule)?;
-                if !failure.events.is_empty() {
-                    writeln!(f, "what happened:")?;
-                }
-                for (i, e) in failure.events.iter().enumerate() {
-                    writeln!(f, "  {:>2}. {e}", i + 1)?;
-                }
-                writeln!(f, "problem: {}", failure.problem)?;
-                write!(
-                    f,
-                    "({} schedules explored in {:.2?} before it; {} fault points",
-                    self.explored.saturating_sub(1),
-                    self.elapsed,
-                    self.clean_ops.len()
-                )?;
-            }
-        }
-        for (kind, n) in &self.by_kind {
-            write!(f, "; {kind}: {n}")?;
-        }
-        if self.finished_by_worker > 0 {
-            write!(
-                f,
-                "; calls the recovery worker finished: {}",
-                self.finished_by_worker
-            )?;
-        }
-        if self.skipped > 0 {
-            write!(f, "; {} skipped, the point not reached", self.skipped)?;
-        }
-        write!(f, ")")?;
-        if let Some(note) = &self.history {
-            write!(f, "; {note}")?;
-        }
-        Ok(())
-    }
-}
