@@ -206,6 +206,20 @@ impl super::Source for Channel {
     }
 }
 
+/// Ten deliveries `"m-0"` … `"m-9"` queued on `tx`, and their logs.
+fn queue_ten(
+    tx: &tokio::sync::mpsc::UnboundedSender<Memory>,
+) -> Vec<std::sync::Arc<std::sync::Mutex<Vec<String>>>> {
+    (0..10)
+        .map(|i| {
+            let d = Memory::new(format!("\"m-{i}\"").as_bytes());
+            let log = d.log();
+            tx.send(d).unwrap();
+            log
+        })
+        .collect()
+}
+
 /// `run` keeps `concurrency` deliveries in flight, never more; when the
 /// source fails, the ones in flight still finish and are acked before `run`
 /// returns the error.
@@ -213,14 +227,7 @@ impl super::Source for Channel {
 fn run_keeps_concurrency_deliveries_in_flight_and_finishes_them_on_error() {
     block_on(async {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let logs: Vec<_> = (0..10)
-            .map(|i| {
-                let d = Memory::new(format!("\"m-{i}\"").as_bytes());
-                let log = d.log();
-                tx.send(d).unwrap();
-                log
-            })
-            .collect();
+        let logs = queue_ten(&tx);
         let running = AtomicU32::new(0);
         let most = AtomicU32::new(0);
         let release = tokio::sync::Semaphore::new(0);
@@ -265,14 +272,7 @@ fn run_spawned_runs_each_delivery_on_a_task_of_its_own() {
     use std::sync::{Arc, Mutex};
     block_on(async {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let logs: Vec<_> = (0..10)
-            .map(|i| {
-                let d = Memory::new(format!("\"m-{i}\"").as_bytes());
-                let log = d.log();
-                tx.send(d).unwrap();
-                log
-            })
-            .collect();
+        let logs = queue_ten(&tx);
         let running = Arc::new(AtomicU32::new(0));
         let most = Arc::new(AtomicU32::new(0));
         let release = Arc::new(tokio::sync::Semaphore::new(0));
