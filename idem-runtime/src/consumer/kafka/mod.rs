@@ -106,7 +106,7 @@ use crate::store::{AsStore, StoreRef};
 use partitions::{Flow, Out, Partitions, Tp};
 
 /// The header holding the message id, when the publisher set one (the
-/// outbox's relay always does); see [`Delivery::message_id`].
+/// outbox's relay always does); see [`Delivery::message_id`](super::Delivery::message_id).
 pub const MESSAGE_ID_HEADER: &str = "message-id";
 
 // The headers a parked copy carries besides the message's own.
