@@ -355,9 +355,6 @@ async fn on_sqlite_as_on_the_memory_store() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_postgresql_with_real_time_leases() {
     use idem_runtime::store::AsStore;
-    use idem_runtime::store::sql::PgStore;
-    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-    use std::str::FromStr;
     use std::sync::atomic::{AtomicU32, Ordering};
 
     let url = idem_tests::services::postgres_url();
@@ -376,19 +373,9 @@ async fn on_postgresql_with_real_time_leases() {
                 let (url, admin) = (url.clone(), admin.clone());
                 let schema = format!("{run}_{}", schemas.fetch_add(1, Ordering::SeqCst));
                 async move {
-                    sqlx::query(&format!("CREATE SCHEMA {schema}"))
-                        .execute(&admin)
+                    idem_tests::sql::pg_store_in_schema(&admin, &url, &schema)
                         .await
-                        .unwrap();
-                    let options = PgConnectOptions::from_str(&url)
-                        .unwrap()
-                        .options([("search_path", schema.as_str())]);
-                    let pool = PgPoolOptions::new()
-                        .max_connections(4)
-                        .connect_with(options)
-                        .await
-                        .unwrap();
-                    PgStore::builder().pool(pool).await.unwrap().store_ref()
+                        .store_ref()
                 }
             })
             .run()

@@ -20,12 +20,11 @@ use std::time::{Duration, Instant};
 
 use idem_runtime::outbox::{self, Backlog, OutboxDatabase};
 use idem_runtime::store::Token;
-use idem_runtime::store::sql::{MySqlStore, PgStore, SqliteStore};
+use idem_runtime::store::sql::{MySqlStore, SqliteStore};
 use idem_tests::services;
 use metrics::Key;
 use metrics_util::registry::{AtomicStorage, Registry};
 use sqlx::mysql::MySqlConnectOptions;
-use sqlx::postgres::PgConnectOptions;
 use sqlx::{MySql, Pool, Postgres, Sqlite};
 
 /// A database of one's own with the outbox table, and how to remove it.
@@ -85,17 +84,7 @@ pub async fn postgres() -> Option<Db<Postgres>> {
     let url = services::postgres_url();
     let admin = services::reachable("PostgreSQL", &url, sqlx::PgPool::connect(&url).await)?;
     let schema = format!("idem_outbox_{}", tag());
-    sqlx::query(&format!("CREATE SCHEMA {schema}"))
-        .execute(&admin)
-        .await
-        .unwrap();
-    let options = PgConnectOptions::from_str(&url)
-        .unwrap()
-        .options([("search_path", schema.as_str())]);
-    let store = PgStore::builder()
-        .connect_with(options)
-        .await
-        .expect("open postgres");
+    let store = idem_tests::sql::pg_store_in_schema(&admin, &url, &schema).await;
     Some(Db {
         pool: store.pool().clone(),
         drop_sql: Some((

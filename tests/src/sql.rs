@@ -408,3 +408,25 @@ pub async fn a_busy_duplicate_in_an_open_transaction_does_not_block_the_owner<DB
     );
     dup.commit().await.unwrap();
 }
+
+/// A PostgreSQL store on a schema of its own, made on `admin`'s database
+/// (the server at `url`): a test's records and tables apart from every
+/// other's. The caller drops the schema.
+pub async fn pg_store_in_schema(
+    admin: &sqlx::PgPool,
+    url: &str,
+    schema: &str,
+) -> idem_runtime::store::sql::PgStore {
+    use std::str::FromStr;
+    sqlx::query(&format!("CREATE SCHEMA {schema}"))
+        .execute(admin)
+        .await
+        .unwrap();
+    let options = sqlx::postgres::PgConnectOptions::from_str(url)
+        .unwrap()
+        .options([("search_path", schema)]);
+    idem_runtime::store::sql::PgStore::builder()
+        .connect_with(options)
+        .await
+        .expect("open postgres")
+}

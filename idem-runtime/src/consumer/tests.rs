@@ -326,6 +326,66 @@ fn run_spawned_runs_each_delivery_on_a_task_of_its_own() {
     });
 }
 
+/// A delivery whose broker call panics (the handler's own panics are
+/// caught and parked; this one is past them).
+struct PanicsOnAck;
+
+#[async_trait::async_trait]
+impl super::Delivery for PanicsOnAck {
+    fn payload(&self) -> Option<&[u8]> {
+        Some(br#""m-1""#)
+    }
+    fn attempt(&self) -> u32 {
+        1
+    }
+    async fn ack(self) -> Result<(), super::BrokerError> {
+        panic!("the adapter broke on ack")
+    }
+    async fn retry(self, _: Duration) -> Result<(), super::BrokerError> {
+        Ok(())
+    }
+    async fn defer(self, _: Duration) -> Result<Option<Self>, super::BrokerError> {
+        Ok(None)
+    }
+    async fn park(self, _: &str) -> Result<(), super::BrokerError> {
+        Ok(())
+    }
+}
+
+struct OnePanicking(Option<PanicsOnAck>);
+
+#[async_trait::async_trait]
+impl super::Source for OnePanicking {
+    type Delivery = PanicsOnAck;
+
+    async fn next(&mut self) -> Result<PanicsOnAck, super::BrokerError> {
+        match self.0.take() {
+            Some(d) => Ok(d),
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// A panic past the handler, on the delivery's own task under
+/// `run_spawned`, unwinds through `run_spawned` as it would through `run`.
+#[test]
+fn a_panic_past_the_handler_unwinds_through_run_spawned() {
+    let caught = std::panic::catch_unwind(|| {
+        block_on(async {
+            runner()
+                .run_spawned(OnePanicking(Some(PanicsOnAck)), |_: String| async {
+                    Ok::<(), Failure>(())
+                })
+                .await
+        })
+    });
+    let panic = caught.expect_err("the panic reaches the caller");
+    assert_eq!(
+        panic.downcast_ref::<&str>(),
+        Some(&"the adapter broke on ack")
+    );
+}
+
 /// Two deliveries of one key in flight together: the second meets the
 /// first's claim and is deferred, and the body runs once.
 #[test]

@@ -584,9 +584,7 @@ async fn read(link: Arc<Link>) {
     loop {
         match link.consumer.recv().await {
             Ok(m) => {
-                let m = m.detach();
-                let tp: Tp = (Arc::from(m.topic()), m.partition());
-                let (flow, ready) = link.shared.lock().push(m);
+                let (tp, flow, ready) = link.shared.lock().push(m.detach());
                 link.flow(&tp, flow);
                 if ready {
                     link.shared.wake.notify_one();

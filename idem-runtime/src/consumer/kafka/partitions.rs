@@ -87,19 +87,20 @@ impl Partitions {
     }
 
     /// A message read from the client. One of a partition this consumer no
-    /// longer owns is dropped. Also whether the partition now has a message
+    /// longer owns is dropped. Returns its partition, what to tell the
+    /// client, and whether the partition now has a message
     /// ready that it did not have before: only then is there anything new
     /// for a source waiting to hand out (a wake-up per message read while
     /// every partition is busy would wake it for nothing).
-    pub(super) fn push(&mut self, message: OwnedMessage) -> (Flow, bool) {
+    pub(super) fn push(&mut self, message: OwnedMessage) -> (Tp, Flow, bool) {
         let tp: Tp = (Arc::from(message.topic()), message.partition());
         let Some(part) = self.owned.get_mut(&tp) else {
-            return (Flow::default(), false);
+            return (tp, Flow::default(), false);
         };
         // A fetch can repeat what the partition already read (a seek, a
         // resume): keep offsets growing.
         if part.read.is_some_and(|read| message.offset() <= read) {
-            return (Flow::default(), false);
+            return (tp, Flow::default(), false);
         }
         part.read = Some(message.offset());
         part.queue.push_back(Waiting {
@@ -110,6 +111,7 @@ impl Partitions {
         part.paused |= pause;
         let ready = !part.busy && part.queue.len() == 1 && part.not_before.is_none();
         (
+            tp,
             Flow {
                 pause,
                 resume: false,
@@ -232,17 +234,17 @@ mod tests {
     fn a_read_message_is_ready_news_only_for_an_idle_empty_partition() {
         let mut p = Partitions::default();
         p.assign(tp(0));
-        assert!(p.push(message(0, 0)).1, "an idle, empty partition");
-        assert!(!p.push(message(0, 1)).1, "behind one already ready");
+        assert!(p.push(message(0, 0)).2, "an idle, empty partition");
+        assert!(!p.push(message(0, 1)).2, "behind one already ready");
         let (out, _) = p.take_ready(Instant::now()).unwrap();
-        assert!(!p.push(message(0, 2)).1, "with one in flight");
+        assert!(!p.push(message(0, 2)).2, "with one in flight");
         assert!(p.done(&out.tp, out.epoch));
         // Done wakes the source itself; two wait now.
         let (out, _) = p.take_ready(Instant::now()).unwrap();
         assert_eq!(out.waiting.message.offset(), 1);
         p.put_back(out, Instant::now() + std::time::Duration::from_secs(1));
-        assert!(!p.push(message(0, 3)).1, "behind a retry's wait");
-        assert!(!p.push(message(9, 0)).1, "not this consumer's partition");
+        assert!(!p.push(message(0, 3)).2, "behind a retry's wait");
+        assert!(!p.push(message(9, 0)).2, "not this consumer's partition");
     }
 
     #[test]
@@ -287,7 +289,7 @@ mod tests {
         p.assign(tp(0));
         let mut paused = 0;
         for offset in 0..PAUSE_AT as i64 + 5 {
-            paused += usize::from(p.push(message(0, offset)).0.pause);
+            paused += usize::from(p.push(message(0, offset)).1.pause);
         }
         assert_eq!(paused, 1);
         let mut resumed = 0;
@@ -300,7 +302,7 @@ mod tests {
         }
         assert_eq!(resumed, 1);
         assert!(
-            !p.push(message(0, 0)).0.pause,
+            !p.push(message(0, 0)).1.pause,
             "an offset already past is dropped"
         );
     }
