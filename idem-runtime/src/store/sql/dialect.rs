@@ -2,6 +2,12 @@
 //! clock, its migration lock, and which of its errors are worth a retry. The
 //! algorithms (the claim loop, completion, the judgement of a record, retries
 //! on the pool) are written once in [`super::store`].
+//!
+//! Three traits, one per concern, so a dialect's directory has one file per
+//! concern: [`Dialect`] (the record's life, `<dialect>/records.rs`),
+//! [`RecoveryRows`] (the rows of `idem_recovery`, `<dialect>/recovery.rs`) and
+//! [`Migrations`] (`<dialect>/migrations.rs`). `Dialect` requires the other
+//! two, so the shared store names only `D: Dialect`.
 
 use std::future::Future;
 
@@ -25,7 +31,7 @@ use super::record::{Record, Upserted};
 /// it. No step retries: the pool path retries whole operations on
 /// [`Dialect::is_retryable`] errors, and the transaction path must not (a lost
 /// deadlock has rolled the caller's transaction back).
-pub(crate) trait Dialect: sqlx::Database {
+pub(crate) trait Dialect: sqlx::Database + RecoveryRows + Migrations {
     /// The backend's name, for errors, metrics and logs.
     const BACKEND: &'static str;
 
@@ -120,9 +126,24 @@ pub(crate) trait Dialect: sqlx::Database {
         clock: &dyn Clock,
     ) -> impl Future<Output = Result<RecordStats, sqlx::Error>> + Send;
 
-    // Recovery: the rows of `idem_recovery` (see `recovery.rs`), each read
-    // or written joined to its record on key and token.
+    /// Whether the error is a lost lock conflict, so running the operation
+    /// again may succeed.
+    fn is_retryable(error: &sqlx::Error) -> bool;
 
+    /// Why the transaction `conn` is in would not commit although sqlx's
+    /// `commit()` would return `Ok`, or `None` when it would commit.
+    /// PostgreSQL answers COMMIT of a transaction an earlier failed statement
+    /// aborted with ROLLBACK and no error; MariaDB and MySQL end a transaction
+    /// that lost a deadlock, run the statements after it in autocommit, and
+    /// answer COMMIT with OK.
+    fn commit_refused(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<Option<&'static str>, sqlx::Error>> + Send;
+}
+
+/// The rows of `idem_recovery` (see `super::recovery`), each read or written
+/// joined to its record on key and token.
+pub(crate) trait RecoveryRows: sqlx::Database {
     /// Stores a recoverable claim's scope and arguments under the token that
     /// just acquired the record; `takeover` keeps the row's count, backoff
     /// and parking, anything else starts them afresh. On the claim's own
@@ -178,24 +199,14 @@ pub(crate) trait Dialect: sqlx::Database {
         conn: &mut Self::Connection,
         limit: i64,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+}
 
+/// The dialect's schema: the embedded migrations of `super::schema_migrations`
+/// and the lock that serialises applying them across processes.
+pub(crate) trait Migrations: sqlx::Database {
     /// Applies the embedded migrations not yet recorded, under the dialect's
     /// lock against concurrent processes.
     fn migrate(
         conn: &mut PoolConnection<Self>,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
-
-    /// Whether the error is a lost lock conflict, so running the operation
-    /// again may succeed.
-    fn is_retryable(error: &sqlx::Error) -> bool;
-
-    /// Why the transaction `conn` is in would not commit although sqlx's
-    /// `commit()` would return `Ok`, or `None` when it would commit.
-    /// PostgreSQL answers COMMIT of a transaction an earlier failed statement
-    /// aborted with ROLLBACK and no error; MariaDB and MySQL end a transaction
-    /// that lost a deadlock, run the statements after it in autocommit, and
-    /// answer COMMIT with OK.
-    fn commit_refused(
-        conn: &mut Self::Connection,
-    ) -> impl Future<Output = Result<Option<&'static str>, sqlx::Error>> + Send;
 }

@@ -1,5 +1,6 @@
 //! The SQL the MySQL / MariaDB store sends, one statement per operation,
-//! with the argument for each beside it; `mysql.rs` binds and runs them.
+//! with the argument for each beside it; `records.rs` and `recovery.rs` bind
+//! and run them.
 
 /// Milliseconds since the Unix epoch on the server's clock, as SQL.
 ///
@@ -144,7 +145,7 @@ ON DUPLICATE KEY UPDATE
     ", expires_at)"
 );
 
-// Recovery (`recovery.rs`): the arguments of a recoverable claim, under the
+// Recovery (`sql/recovery.rs`): the arguments of a recoverable claim, under the
 // token that just acquired its record, on the claim's transaction. A
 // takeover keeps the count, backoff and parking of the call it continues
 // (each of the three reads only its own old value, so the order is free).
@@ -183,7 +184,7 @@ ORDER BY r.lease_until
 LIMIT ?"
 );
 
-// One turn (see sqlite.rs): `parked` and `next_at` are assigned before
+// One turn (see sqlite/statements.rs): `parked` and `next_at` are assigned before
 // `attempts`, so both read its old value. The limit is bound three times,
 // then once more in the WHERE.
 pub(super) const TAKE_TURN: &str = concat!(

@@ -1,4 +1,12 @@
-use super::*;
+use std::str::FromStr;
+
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
+use sqlx::{MySql, Row as _};
+
+use super::records::is_transient_code;
+use super::statements::*;
+use super::{MySqlStore, location};
+use crate::store::sql::dialect::Dialect;
 
 #[test]
 fn deadlocks_and_lock_wait_timeouts_are_retried() {

@@ -1,5 +1,6 @@
 //! The SQL the PostgreSQL store sends, one statement per operation, with
-//! the argument for each beside it; `postgres.rs` binds and runs them.
+//! the argument for each beside it; `records.rs`, `recovery.rs` and
+//! `migrations.rs` bind and run them.
 
 // The server's wall clock, in milliseconds. `clock_timestamp()` rather than
 // `now()`: inside a caller's transaction `now()` stays frozen at BEGIN, and a
@@ -230,7 +231,7 @@ pub(super) const PURGE: &str = concat!(
     FOR UPDATE SKIP LOCKED)"
 );
 
-// Recovery (`recovery.rs`): the arguments of a recoverable claim, under the
+// Recovery (`sql/recovery.rs`): the arguments of a recoverable claim, under the
 // token that just acquired its record, on the claim's transaction. A
 // takeover keeps the count, backoff and parking of the call it continues.
 pub(super) const KEEP_ARGS: &str = "
@@ -265,7 +266,7 @@ ORDER BY r.lease_until
 LIMIT $2"
 );
 
-// One turn (see sqlite.rs). Two workers at once: the second waits on the
+// One turn (see sqlite/statements.rs). Two workers at once: the second waits on the
 // row, then finds its backoff moved (the WHERE is evaluated again on the row
 // the first wrote) and takes nothing.
 pub(super) const TAKE_TURN: &str = concat!(
