@@ -816,7 +816,7 @@ async fn jetstream_subjects_the_server_refuses_fail_alone() {
 }
 
 // ---- Limits of RabbitMQ (issue 30): the sink's boundary tests of the
-// `# Limits of RabbitMQ` table in `consumer/rabbitmq.rs`. ----
+// `# Limits of RabbitMQ` table in `consumer/rabbitmq/mod.rs`. ----
 
 /// A connection to RabbitMQ at `url` and a queue of this test's own
 /// (`idem-test-outbox-<what>-…`), declared with its retry and parking

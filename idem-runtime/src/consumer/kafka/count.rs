@@ -26,6 +26,10 @@
 
 use std::time::Duration;
 
+use rdkafka::Message as _;
+
+use super::KafkaSource;
+use super::partitions::Out;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::store::{Claim, ClaimRequest, Store, StoreRef, Token};
@@ -37,7 +41,7 @@ pub(super) const SCOPE: &str = "idem.consumer.kafka.deliveries";
 pub(super) const BLOCK: i64 = 128;
 
 /// The key a message's deliveries are counted under.
-pub(super) fn key(group: &str, topic: &str, partition: i32, offset: i64) -> Key {
+fn key(group: &str, topic: &str, partition: i32, offset: i64) -> Key {
     Key::builder(SCOPE)
         .part(group)
         .part(topic)
@@ -47,7 +51,7 @@ pub(super) fn key(group: &str, topic: &str, partition: i32, offset: i64) -> Key 
 }
 
 /// The key an owner claims before it hands out the block's first message.
-pub(super) fn block_key(group: &str, topic: &str, partition: i32, block: i64) -> Key {
+fn block_key(group: &str, topic: &str, partition: i32, block: i64) -> Key {
     Key::builder(SCOPE)
         .part(group)
         .part(topic)
@@ -58,17 +62,13 @@ pub(super) fn block_key(group: &str, topic: &str, partition: i32, block: i64) ->
 }
 
 /// Which block an offset is in.
-pub(super) fn block_of(offset: i64) -> i64 {
+fn block_of(offset: i64) -> i64 {
     offset.div_euclid(BLOCK)
 }
 
 /// Claims `key` once more and returns how many claims it has had, this one
 /// included.
-pub(super) async fn one_more(
-    store: &StoreRef,
-    key: &Key,
-    keep: Duration,
-) -> Result<u32, StoreError> {
+async fn one_more(store: &StoreRef, key: &Key, keep: Duration) -> Result<u32, StoreError> {
     loop {
         let claim = store
             .claim(ClaimRequest {
@@ -93,4 +93,96 @@ pub(super) async fn one_more(
             }
         }
     }
+}
+
+impl KafkaSource {
+    /// How many times the message has been delivered, this time included,
+    /// written to the store where it must be (see `count`'s doc): once per
+    /// block of offsets while a partition keeps its owner, once per message
+    /// where an earlier owner may have handed it out.
+    pub(super) async fn count(&self, out: &Out) -> Result<u32, crate::error::StoreError> {
+        let l = &self.link;
+        let m = &out.waiting.message;
+        let block = block_of(m.offset());
+        let fresh = match self.known_block(out, block) {
+            Known::Current(fresh) => fresh,
+            Known::Ahead(claim) => match claim.await {
+                Ok(Ok(fresh)) => self.enter_block(out, block, fresh),
+                // Claimed again now: a second claim only makes the block
+                // look handed out before, which counts more, never less.
+                Ok(Err(_)) | Err(_) => self.claim_block(out, block).await?,
+            },
+            Known::Nothing => self.claim_block(out, block).await?,
+        };
+        if fresh && !out.waiting.handed {
+            return Ok(1);
+        }
+        let key = key(&l.group, m.topic(), m.partition(), m.offset());
+        let fence = one_more(&l.store, &key, l.keep_counts).await?;
+        // Its first delivery went uncounted (a fresh block's), or may have
+        // (an earlier owner's).
+        Ok(fence.saturating_add(1))
+    }
+
+    /// What this owner already knows of `block` in the delivery's epoch.
+    fn known_block(&self, out: &Out, block: i64) -> Known {
+        let mut blocks = self.link.blocks.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(b) = blocks.get_mut(&out.tp).filter(|b| b.epoch == out.epoch) else {
+            return Known::Nothing;
+        };
+        if b.block == block {
+            return Known::Current(b.fresh);
+        }
+        match b.ahead.take() {
+            Some((next, claim)) if next == block => Known::Ahead(claim),
+            _ => Known::Nothing,
+        }
+    }
+
+    async fn claim_block(&self, out: &Out, block: i64) -> Result<bool, crate::error::StoreError> {
+        let l = &self.link;
+        let key = block_key(&l.group, &out.tp.0, out.tp.1, block);
+        let fresh = one_more(&l.store, &key, l.keep_counts).await? == 1;
+        Ok(self.enter_block(out, block, fresh))
+    }
+
+    /// The partition is in `block` now; the next block is claimed in the
+    /// background, so that claim is over by the time the partition gets
+    /// there and no `next` waits on the store for it. (Claimed and never
+    /// reached, it makes the next owner count that block's messages one by
+    /// one: more writes, never fewer counts.)
+    fn enter_block(&self, out: &Out, block: i64, fresh: bool) -> bool {
+        let l = &self.link;
+        let (store, keep) = (l.store.clone(), l.keep_counts);
+        let key = block_key(&l.group, &out.tp.0, out.tp.1, block + 1);
+        let claim = tokio::spawn(async move { Ok(one_more(&store, &key, keep).await? == 1) });
+        l.blocks.lock().unwrap_or_else(|p| p.into_inner()).insert(
+            out.tp.clone(),
+            Block {
+                epoch: out.epoch,
+                block,
+                fresh,
+                ahead: Some((block + 1, claim)),
+            },
+        );
+        fresh
+    }
+}
+
+/// The block of offsets a partition's owner is in, in which epoch, whether
+/// it was the block's first claim, and the next block's claim under way.
+pub(super) struct Block {
+    epoch: u64,
+    block: i64,
+    fresh: bool,
+    ahead: Option<(i64, BlockClaim)>,
+}
+
+/// A block's claim in the background: whether it was the block's first.
+type BlockClaim = tokio::task::JoinHandle<Result<bool, crate::error::StoreError>>;
+
+enum Known {
+    Current(bool),
+    Ahead(BlockClaim),
+    Nothing,
 }
