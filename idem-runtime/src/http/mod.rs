@@ -65,15 +65,17 @@ mod key;
 mod layer;
 mod problem;
 mod replayed;
+mod service;
 mod stored;
 
 #[cfg(feature = "axum")]
 mod axum;
 
 pub use key::{KeyProblem, KeyRules};
-pub use layer::{IdempotencyLayer, IdempotencyService, ResponseFuture};
+pub use layer::IdempotencyLayer;
 pub use problem::problem;
 pub use replayed::{ReplayedHeaderLayer, ReplayedHeaderService};
+pub use service::{IdempotencyService, ResponseFuture};
 
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]

@@ -37,7 +37,8 @@
 //!
 //! - `registry.rs`: [`Recovery`], which function resumes which scope, and
 //!   [`Recoverable`], what `recoverable!` returns;
-//! - `worker.rs`: [`Worker`], its passes and turns;
+//! - `worker.rs`: [`Worker`], its settings and its passes; `turn.rs`: one
+//!   turn at one abandoned claim; `stats.rs`: [`WorkerStats`] and [`Pass`];
 //! - the arguments as stored (sealed under the key secret, capped like
 //!   results) and what the worker tells the call it runs (the key it must
 //!   claim) are the call's side: `protocol/args.rs` and
@@ -49,9 +50,12 @@
 
 mod metrics;
 mod registry;
+mod stats;
+mod turn;
 mod worker;
 
 #[doc(hidden)]
 pub use registry::{Ended, Prepared};
 pub use registry::{Recoverable, Recovery};
-pub use worker::{Pass, Worker, WorkerBuilder, WorkerStats};
+pub use stats::{Pass, WorkerStats};
+pub use worker::{Worker, WorkerBuilder};

@@ -1,7 +1,8 @@
-//! The worker: finds claims whose lease ran out with arguments stored, and
-//! runs their registered function with those arguments.
+//! The worker: its settings, and its passes, which find the claims whose
+//! lease ran out with arguments stored and start a turn at each (`turn.rs`)
+//! as its `concurrency` allows.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -10,93 +11,20 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use super::metrics;
-use super::registry::{Ended, Recoverable, Recovery};
+use super::registry::Recovery;
+use super::stats::{Outcome, Pass, WorkerStats};
 use crate::clock::{Clock, SystemClock};
 use crate::error::StoreError;
 use crate::key::Key;
-use crate::observe::CallOutcome;
-use crate::protocol::args;
-use crate::protocol::recovering::{self as context, Expectation, Met};
-use crate::protocol::report::{self, Noted};
-use crate::store::{Abandoned, AsStore, RecoveryTurn, Store as _, StoreRef, Turn};
-
-/// Counts since the worker was built, and what its last pass found.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct WorkerStats {
-    /// Passes made.
-    pub passes: u64,
-    /// Flows the worker finished with their result (or found finished).
-    pub recovered: u64,
-    /// Flows that ended with a final error during recovery: the error is
-    /// stored and the finished steps compensated.
-    pub gave_up: u64,
-    /// Recoveries that did not finish the flow (a retryable error, a panic,
-    /// a store failure); each comes back after its backoff.
-    pub failed: u64,
-    /// Claims parked for an operator.
-    pub parked: u64,
-    /// Turns that found the claim held by someone else (the caller came
-    /// back, or another worker got there first).
-    pub busy: u64,
-    /// From the last pass: abandoned claims per scope that no registered
-    /// function resumes. They are left alone (another service's worker may
-    /// own them) and reported, never skipped silently.
-    pub unregistered: BTreeMap<String, u64>,
-    /// From the last pass: how long the oldest abandoned claim found had
-    /// waited since its lease ran out.
-    pub oldest_abandoned: Option<Duration>,
-    /// Why the last pass failed, when it did (a store that keeps no
-    /// recovery state says so here).
-    pub last_error: Option<String>,
-}
-
-/// What one pass did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Pass {
-    /// Abandoned claims found in registered scopes.
-    pub found: usize,
-    /// Finished with their result.
-    pub recovered: usize,
-    /// Ended with a final error (compensated).
-    pub gave_up: usize,
-    /// Did not finish; back after their backoff.
-    pub failed: usize,
-    /// Parked.
-    pub parked: usize,
-    /// Held by someone else.
-    pub busy: usize,
-    /// Found but left for a later pass: this worker already runs a turn at
-    /// the claim, or all its `concurrency` turns were in flight (only in
-    /// [`Worker::run`], whose passes never wait for a turn to end).
-    pub deferred: usize,
-    /// Abandoned claims per scope with no function registered.
-    pub unregistered: BTreeMap<String, u64>,
-    /// The oldest abandoned claim's wait.
-    pub oldest_abandoned: Option<Duration>,
-}
-
-impl Pass {
-    fn count(&mut self, outcome: &Outcome) {
-        match outcome {
-            Outcome::Recovered => self.recovered += 1,
-            Outcome::GaveUp => self.gave_up += 1,
-            Outcome::Failed => self.failed += 1,
-            Outcome::Parked => self.parked += 1,
-            Outcome::Busy => self.busy += 1,
-            Outcome::Gone => {}
-        }
-    }
-}
+use crate::store::{Abandoned, AsStore, Store as _, StoreRef};
 
 #[derive(Debug, Clone)]
-struct Settings {
+pub(super) struct Settings {
     concurrency: usize,
     batch: usize,
-    max_attempts: u32,
-    first_backoff: Duration,
-    max_backoff: Duration,
+    pub(super) max_attempts: u32,
+    pub(super) first_backoff: Duration,
+    pub(super) max_backoff: Duration,
     poll: Duration,
 }
 
@@ -204,9 +132,9 @@ impl WorkerBuilder {
 /// ```
 #[derive(Debug, Clone)]
 pub struct Worker {
-    store: StoreRef,
+    pub(super) store: StoreRef,
     recovery: Arc<Recovery>,
-    s: Settings,
+    pub(super) s: Settings,
     stats: Arc<Mutex<WorkerStats>>,
     clock: Arc<dyn Clock>,
     /// `concurrency` turns at once, across passes: a pass of [`Worker::run`]
@@ -224,18 +152,6 @@ pub struct Worker {
 
 /// A turn at one claim, spawned: its scope and how it went.
 type Turns = JoinSet<(&'static str, Outcome)>;
-
-/// How one turn went.
-#[derive(Clone, Copy)]
-enum Outcome {
-    Recovered,
-    GaveUp,
-    Failed,
-    Parked,
-    Busy,
-    /// Not abandoned any more by the time of the turn.
-    Gone,
-}
 
 impl Worker {
     /// A worker on `store` (the store the registered functions claim in)
@@ -258,14 +174,6 @@ impl Worker {
     /// Counts since the worker was built, and what the last pass found.
     pub fn stats(&self) -> WorkerStats {
         lock(&self.stats).clone()
-    }
-
-    fn backoff_for(&self, attempt: u32) -> Duration {
-        let doublings = attempt.saturating_sub(1).min(31);
-        self.s
-            .first_backoff
-            .saturating_mul(1u32 << doublings)
-            .min(self.s.max_backoff)
     }
 
     /// One pass: every abandoned claim found in a registered scope gets its
@@ -438,140 +346,6 @@ impl Worker {
                 stats.last_error = None;
             }
             Err(e) => stats.last_error = Some(e.to_string()),
-        }
-    }
-
-    /// One abandoned claim: check and decode its arguments, take the turn,
-    /// run the function.
-    async fn turn(&self, function: &Recoverable, abandoned: &Abandoned) -> Outcome {
-        let span = tracing::info_span!("idem_recovery", scope = function.scope(), key = %abandoned.key.short(), fence = abandoned.fence);
-        tracing::Instrument::instrument(self.turn_in_span(function, abandoned), span).await
-    }
-
-    async fn turn_in_span(&self, function: &Recoverable, abandoned: &Abandoned) -> Outcome {
-        let scope = function.scope();
-        let key = abandoned.key;
-        let prepared = args::open(&key, scope, &abandoned.args)
-            .map_err(|why| why.0)
-            .and_then(|json| {
-                function.prepare(json).map_err(|e| {
-                    format!(
-                        "the stored arguments do not decode into the function's parameters ({e}): its signature changed since the call was made"
-                    )
-                })
-            });
-        let call = match prepared {
-            Ok(call) => call,
-            Err(why) => return self.park_now(abandoned, scope, &why).await,
-        };
-        let note = format!(
-            "gave up after {} recoveries that did not finish the flow",
-            self.s.max_attempts
-        );
-        let turn = RecoveryTurn {
-            fence: abandoned.fence,
-            retry_in: self.backoff_for(abandoned.attempts.saturating_add(1)),
-            max_attempts: self.s.max_attempts,
-            note: &note,
-            park_now: false,
-        };
-        let attempt = match self.store.take_recovery(&key, turn).await {
-            Ok(Turn::Run { attempt }) => attempt,
-            Ok(Turn::Parked { attempts }) => {
-                tracing::warn!(
-                    attempts,
-                    "parked for an operator: {note}; `idem recover` retries it"
-                );
-                return Outcome::Parked;
-            }
-            Ok(Turn::Gone) => return Outcome::Gone,
-            Err(e) => {
-                tracing::warn!(error = %e, "could not take a turn at the claim");
-                return Outcome::Failed;
-            }
-        };
-        let expectation = Expectation::new(key);
-        // Spawned, so a panicking function is a failed recovery, not a dead worker.
-        let run = tokio::spawn(tracing::Instrument::in_current_span(report::observed(
-            context::expect(expectation.clone(), call),
-        )));
-        let (ended, noted, _) = match run.await {
-            Ok(done) => done,
-            Err(e) => {
-                tracing::error!(attempt, error = %e, "the recovered call panicked; its claim comes back after its lease and backoff");
-                return Outcome::Failed;
-            }
-        };
-        match (expectation.met(), ended, noted) {
-            (Met::Mismatched, ..) => {
-                self.park_now(
-                    abandoned,
-                    scope,
-                    "the stored arguments derive another key than the record's: the key's segments, the scope or the key secret changed since the call was made",
-                )
-                .await
-            }
-            (Met::Never, ..) => {
-                tracing::warn!(attempt, "the recovered call ended before it claimed its key (is a store installed?)");
-                Outcome::Failed
-            }
-            (Met::Matched, Ended::Ok, _) => {
-                tracing::info!(attempt, "recovered the flow");
-                Outcome::Recovered
-            }
-            (
-                Met::Matched,
-                Ended::Err,
-                Some(Noted::Call {
-                    outcome: CallOutcome::Executed | CallOutcome::Replayed,
-                    recorded_err: true,
-                }),
-            ) => {
-                tracing::info!(attempt, "the recovered flow ended with its final error; finished steps compensated");
-                Outcome::GaveUp
-            }
-            (
-                Met::Matched,
-                Ended::Err,
-                Some(Noted::Call {
-                    outcome: CallOutcome::InProgress,
-                    ..
-                })
-                | Some(Noted::Fenced { .. }),
-            ) => {
-                tracing::info!(attempt, "another owner holds the claim now");
-                Outcome::Busy
-            }
-            (Met::Matched, Ended::Err, noted) => {
-                let why = match noted {
-                    Some(Noted::Call { outcome, .. }) => outcome.as_str(),
-                    _ => "error",
-                };
-                tracing::warn!(attempt, outcome = why, "the recovery did not finish the flow; it comes back after its lease and backoff");
-                Outcome::Failed
-            }
-        }
-    }
-
-    async fn park_now(&self, abandoned: &Abandoned, scope: &str, why: &str) -> Outcome {
-        let turn = RecoveryTurn {
-            fence: abandoned.fence,
-            retry_in: Duration::ZERO,
-            max_attempts: self.s.max_attempts,
-            note: why,
-            park_now: true,
-        };
-        match self.store.take_recovery(&abandoned.key, turn).await {
-            Ok(Turn::Parked { .. }) => {
-                tracing::error!(scope, key = %abandoned.key.short(), "parked for an operator: {why}");
-                Outcome::Parked
-            }
-            Ok(Turn::Gone) => Outcome::Gone,
-            Ok(Turn::Run { .. }) => Outcome::Failed,
-            Err(e) => {
-                tracing::warn!(error = %e, "could not park the claim");
-                Outcome::Failed
-            }
         }
     }
 
