@@ -1,4 +1,7 @@
-//! Every ```rust block of README.md is code CI compiles.
+//! Every ```rust block of the Markdown files at the root (README.md,
+//! ARCHITECTURE.md, BENCHMARKS.md, CHANGELOG.md) is code CI compiles, and
+//! every page of the guide (`idem-runtime/guide/*.md`) is a module doc that
+//! rustdoc compiles.
 //!
 //! A block passes when its lines appear, in order and contiguous, in one
 //! compiled place:
@@ -21,8 +24,13 @@ use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-/// A ```rust block of the README.
+/// The Markdown files at the root whose ```rust blocks must be compiled code.
+const MARKDOWN: [&str; 4] = ["README.md", "ARCHITECTURE.md", "BENCHMARKS.md", "CHANGELOG.md"];
+
+/// A ```rust block of a Markdown file.
 struct Block {
+    /// The file it is in, relative to the root.
+    file: &'static str,
     /// 1-based line of the opening fence.
     fence_line: usize,
     /// The block's non-blank lines, trimmed, with their README line numbers.
@@ -54,8 +62,8 @@ fn is_fence(line: &str) -> Option<&str> {
     line.trim_start().strip_prefix("```")
 }
 
-/// The README's ```rust blocks, and the errors of its markers.
-fn readme_blocks(text: &str) -> (Vec<Block>, Vec<String>) {
+/// A Markdown file's ```rust blocks, and the errors of its markers.
+fn markdown_blocks(file: &'static str, text: &str) -> (Vec<Block>, Vec<String>) {
     let mut blocks = Vec::new();
     let mut errors = Vec::new();
     let lines: Vec<&str> = text.lines().collect();
@@ -69,7 +77,7 @@ fn readme_blocks(text: &str) -> (Vec<Block>, Vec<String>) {
                     .is_some_and(is_rust)
             {
                 errors.push(format!(
-                    "README.md:{}: a `not compiled` marker must sit on the line right before a ```rust fence",
+                    "{file}:{}: a `not compiled` marker must sit on the line right before a ```rust fence",
                     i + 1
                 ));
             }
@@ -96,7 +104,7 @@ fn readme_blocks(text: &str) -> (Vec<Block>, Vec<String>) {
                 Some(reason) => Some(reason),
                 None => {
                     errors.push(format!(
-                        "README.md:{}: write the marker as `<!-- not compiled: <reason> -->`, with a reason",
+                        "{file}:{}: write the marker as `<!-- not compiled: <reason> -->`, with a reason",
                         fence_line - 1
                     ));
                     Some(String::new())
@@ -105,6 +113,7 @@ fn readme_blocks(text: &str) -> (Vec<Block>, Vec<String>) {
             _ => None,
         };
         blocks.push(Block {
+            file,
             fence_line,
             lines: body,
             not_compiled,
@@ -229,6 +238,17 @@ fn units(root: &Path) -> Vec<Unit> {
             units.extend(rustdoc_units(&f, &text));
         }
     }
+    // The guide's pages are module docs (the test below checks that each is
+    // included): rustdoc compiles their blocks as it does `//!` ones.
+    if let Ok(pages) = fs::read_dir(root.join("idem-runtime/guide")) {
+        let mut pages: Vec<PathBuf> = pages.map(|e| e.expect("read_dir").path()).collect();
+        pages.sort();
+        for page in pages.into_iter().filter(|p| p.extension().is_some_and(|e| e == "md")) {
+            let text = fs::read_to_string(&page).expect("read a guide page");
+            let as_doc: String = text.lines().map(|l| format!("//! {l}\n")).collect();
+            units.extend(rustdoc_units(&page, &as_doc));
+        }
+    }
     let this = root.join("tests/readme.rs");
     let must_not_compile = root.join("tests/ui/fail");
     for dir in ["examples", "tests", "idem-cli/src"] {
@@ -304,9 +324,10 @@ fn rel<'a>(root: &Path, p: &'a Path) -> std::borrow::Cow<'a, str> {
 /// Why a block matches nowhere, or `None` when it matches.
 fn check(root: &Path, block: &Block, units: &[Unit]) -> Option<String> {
     let want = &block.lines;
+    let file = block.file;
     if want.is_empty() {
         return Some(format!(
-            "README.md:{}: an empty ```rust block",
+            "{file}:{}: an empty ```rust block",
             block.fence_line
         ));
     }
@@ -315,7 +336,7 @@ fn check(root: &Path, block: &Block, units: &[Unit]) -> Option<String> {
         return None;
     }
     let mut msg = format!(
-        "README.md:{}: the ```rust block is in no compiled place.\n",
+        "{file}:{}: the ```rust block is in no compiled place.\n",
         block.fence_line
     );
     match best {
@@ -323,7 +344,7 @@ fn check(root: &Path, block: &Block, units: &[Unit]) -> Option<String> {
             let (n, line) = &want[0];
             let _ = writeln!(
                 msg,
-                "  its first line matches nowhere: README.md:{n}: {line}"
+                "  its first line matches nowhere: {file}:{n}: {line}"
             );
             // Where does the longest run of its later lines sit?
             // Runs of one line (a lone `}`) say nothing.
@@ -336,7 +357,7 @@ fn check(root: &Path, block: &Block, units: &[Unit]) -> Option<String> {
                 let at = b.unit.lines[b.start].0;
                 let _ = writeln!(
                     msg,
-                    "  the longest run of its lines (README.md:{n}, {} lines) is at {}:{at}",
+                    "  the longest run of its lines ({file}:{n}, {} lines) is at {}:{at}",
                     b.len,
                     rel(root, &b.unit.file),
                 );
@@ -347,7 +368,7 @@ fn check(root: &Path, block: &Block, units: &[Unit]) -> Option<String> {
             let at = b.unit.lines[b.start].0;
             let _ = writeln!(
                 msg,
-                "  first line not matched: README.md:{n}: {line}\n  closest: {} lines match at {}:{at}",
+                "  first line not matched: {file}:{n}: {line}\n  closest: {} lines match at {}:{at}",
                 b.len,
                 rel(root, &b.unit.file),
             );
@@ -365,11 +386,8 @@ fn check(root: &Path, block: &Block, units: &[Unit]) -> Option<String> {
 }
 
 #[test]
-fn every_rust_block_of_the_readme_is_compiled() {
+fn every_rust_block_of_the_markdown_files_is_compiled() {
     let root = root();
-    let readme = fs::read_to_string(root.join("README.md")).expect("read README.md");
-    let (blocks, mut errors) = readme_blocks(&readme);
-    assert!(!blocks.is_empty(), "README.md has no ```rust block");
     let units = units(&root);
     assert!(
         units
@@ -377,28 +395,113 @@ fn every_rust_block_of_the_readme_is_compiled() {
             .any(|u| u.file.starts_with(root.join("idem-runtime"))),
         "no rustdoc code block found under idem-runtime/src"
     );
-
-    let mut skipped = Vec::new();
-    for block in &blocks {
-        match &block.not_compiled {
-            Some(reason) => skipped.push((block.fence_line, reason.clone())),
-            None => errors.extend(check(&root, block, &units)),
+    let mut errors = Vec::new();
+    let mut readme_blocks = 0;
+    for file in MARKDOWN {
+        let text = fs::read_to_string(root.join(file)).unwrap_or_else(|e| panic!("read {file}: {e}"));
+        let (blocks, marker_errors) = markdown_blocks(file, &text);
+        errors.extend(marker_errors);
+        if file == "README.md" {
+            readme_blocks = blocks.len();
+        }
+        let mut skipped = Vec::new();
+        for block in &blocks {
+            match &block.not_compiled {
+                Some(reason) => skipped.push((block.fence_line, reason.clone())),
+                None => errors.extend(check(&root, block, &units)),
+            }
+        }
+        eprintln!(
+            "{file}: {} ```rust blocks, {} compiled, {} marked not compiled",
+            blocks.len(),
+            blocks.len() - skipped.len(),
+            skipped.len()
+        );
+        for (line, reason) in &skipped {
+            let reason = if reason.is_empty() {
+                "(no reason)"
+            } else {
+                reason
+            };
+            eprintln!("  not compiled: {file}:{line}: {reason}");
         }
     }
-    eprintln!(
-        "README.md: {} ```rust blocks, {} compiled, {} marked not compiled",
-        blocks.len(),
-        blocks.len() - skipped.len(),
-        skipped.len()
-    );
-    for (line, reason) in &skipped {
-        let reason = if reason.is_empty() {
-            "(no reason)"
-        } else {
-            reason
-        };
-        eprintln!("  not compiled: README.md:{line}: {reason}");
+    assert!(readme_blocks > 0, "README.md has no ```rust block");
+    assert!(errors.is_empty(), "\n{}", errors.join("\n"));
+}
+
+/// The code blocks of a guide page: (line of the fence, its info string).
+fn guide_fences(text: &str) -> Vec<(usize, String)> {
+    let mut fences = Vec::new();
+    let mut open = false;
+    for (n, line) in text.lines().enumerate() {
+        if let Some(info) = is_fence(line) {
+            if !open {
+                fences.push((n + 1, info.trim().to_owned()));
+            }
+            open = !open;
+        }
     }
+    fences
+}
+
+/// Whether rustdoc treats a block with this info string as Rust.
+fn rustdoc_reads_as_rust(info: &str) -> bool {
+    info.split([',', ' ', '\t'])
+        .filter(|t| !t.is_empty())
+        .all(|t| {
+            matches!(
+                t,
+                "rust" | "no_run" | "should_panic" | "test_harness" | "ignore" | "compile_fail"
+            ) || t.starts_with("edition")
+        })
+}
+
+#[test]
+fn every_guide_page_is_a_module_doc_whose_examples_rustdoc_compiles() {
+    let root = root();
+    let mut sources = String::new();
+    let mut files = Vec::new();
+    rs_files(&root.join("idem-runtime/src"), &mut files);
+    for f in files {
+        sources.push_str(&fs::read_to_string(&f).expect("read a source file"));
+    }
+    let mut pages: Vec<PathBuf> = fs::read_dir(root.join("idem-runtime/guide"))
+        .expect("idem-runtime/guide")
+        .map(|e| e.expect("read_dir").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    pages.sort();
+    assert!(!pages.is_empty(), "idem-runtime/guide has no page");
+    let mut errors = Vec::new();
+    for page in &pages {
+        let name = page.file_name().expect("a file name").to_string_lossy();
+        let shown = rel(&root, page);
+        if !sources.contains(&format!("include_str!(\"../guide/{name}\")")) {
+            errors.push(format!(
+                "{shown}: no `include_str!(\"../guide/{name}\")` in idem-runtime/src: rustdoc never sees it"
+            ));
+        }
+        let text = fs::read_to_string(page).expect("read a guide page");
+        let fences = guide_fences(&text);
+        let mut compiled = 0;
+        for (line, info) in &fences {
+            if !rustdoc_reads_as_rust(info) {
+                continue;
+            }
+            if rustdoc_compiles(info) {
+                compiled += 1;
+            } else {
+                errors.push(format!(
+                    "{shown}:{line}: a ```{info} block: rustdoc does not compile it; make it compile, or make it `text`"
+                ));
+            }
+        }
+        if compiled == 0 {
+            errors.push(format!("{shown}: no compiled example"));
+        }
+    }
+    eprintln!("idem-runtime/guide: {} pages", pages.len());
     assert!(errors.is_empty(), "\n{}", errors.join("\n"));
 }
 
@@ -425,6 +528,7 @@ fn f() {}
     let units = rustdoc_units(Path::new("x.rs"), doc);
     assert_eq!(units.len(), 2, "the ignore and text blocks do not count");
     let block = |lines: &[&str]| Block {
+        file: "README.md",
         fence_line: 1,
         lines: lines
             .iter()
@@ -442,7 +546,8 @@ fn f() {}
     assert!(check(root, &block(&["let c = 3;"]), &units).is_some());
     assert!(check(root, &block(&["let hidden = 2;"]), &units).is_some());
 
-    let (blocks, errors) = readme_blocks(
+    let (blocks, errors) = markdown_blocks(
+        "README.md",
         "<!-- not compiled: a sketch -->\n```rust\nx\n```\n<!-- not compiled -->\n```rust\ny\n```\n",
     );
     assert_eq!(blocks.len(), 2);

@@ -71,7 +71,11 @@
 //! # });
 //! ```
 //!
-//! See the README for the misuse checks, the stores and their guarantees.
+//! The [`guide`] holds the rest, one page per topic: steps and
+//! compensation, recovery, transactions, the stores and what each
+//! guarantees, HTTP, consumers, the outbox, locks and unique constraints,
+//! proving your own handlers idempotent, and operating (CLI, metrics,
+//! troubleshooting).
 
 #![warn(missing_docs)]
 // docs.rs builds with `--cfg docsrs` and marks each gated item with its feature.
@@ -84,6 +88,7 @@ mod clock;
 pub mod consumer;
 mod error;
 mod flow;
+pub mod guide;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;

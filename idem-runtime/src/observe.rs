@@ -55,7 +55,7 @@ pub enum CallOutcome {
 }
 
 impl CallOutcome {
-    /// Every outcome, in the order the README lists them.
+    /// Every outcome, in the order the guide's operating page lists them.
     pub const ALL: [CallOutcome; 11] = [
         CallOutcome::Executed,
         CallOutcome::Replayed,
@@ -263,13 +263,13 @@ pub(crate) fn claim_latency(spec: &Spec, took: Duration) {
 mod tests {
     use super::CallOutcome;
 
-    /// The README's list of outcome labels is this enum, in this order.
+    /// The guide's list of outcome labels is this enum, in this order.
     #[test]
-    fn the_readme_lists_every_outcome_and_no_other() {
-        let readme = include_str!("../../README.md");
+    fn the_guide_lists_every_outcome_and_no_other() {
+        let readme = include_str!("../guide/operating.md");
         let start = readme
             .find("`idem_calls_total{outcome}`")
-            .expect("the README's Observability section names idem_calls_total{outcome}");
+            .expect("the guide's Observability section names idem_calls_total{outcome}");
         let item = &readme[start..];
         let item = &item[..item.find("\n- ").expect("the list goes on")];
         // The code spans of the item that are label values: the metric's name
@@ -281,6 +281,6 @@ mod tests {
             .filter(|w| *w != "outcome" && w.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
             .collect();
         let ours: Vec<&str> = CallOutcome::ALL.iter().map(|o| o.as_str()).collect();
-        assert_eq!(listed, ours, "README lists {listed:?}");
+        assert_eq!(listed, ours, "the guide lists {listed:?}");
     }
 }

@@ -15,8 +15,8 @@
 //! - [`OutsideIdempotentCall`]: the error of a request that asked for a key
 //!   outside any idempotent call, which is not sent.
 //!
-//! The README shows this example where it introduces `current_key()` (a
-//! unit test below keeps the two the same):
+//! The guide's [attribute](crate::guide::attribute) page shows it where it
+//! introduces `current_key()`:
 //!
 //! ```no_run
 //! use idem_runtime::client::{DeriveKey, IdempotencyMiddleware};
@@ -59,36 +59,3 @@ mod retry;
 
 pub use key::{DeriveKey, KeyName, OutsideIdempotentCall};
 pub use middleware::IdempotencyMiddleware;
-
-#[cfg(test)]
-mod tests {
-    /// The README's snippet is this module's example, less its hidden lines:
-    /// the README's copy is not compiled, this one is.
-    #[test]
-    fn the_readme_shows_the_module_example() {
-        let example: String = include_str!("mod.rs")
-            .lines()
-            .skip_while(|l| *l != "//! ```no_run")
-            .skip(1)
-            .take_while(|l| *l != "//! ```")
-            .map(|l| {
-                l.strip_prefix("//!")
-                    .unwrap_or(l)
-                    .strip_prefix(' ')
-                    .unwrap_or("")
-            })
-            // rustdoc's hidden lines: `#` alone or followed by a space (not `#[`).
-            .filter(|l| *l != "#" && !l.starts_with("# "))
-            .map(|l| l.to_owned() + "\n")
-            .collect();
-        assert!(
-            example.contains("IdempotencyMiddleware::new()"),
-            "{example}"
-        );
-        let readme = include_str!("../../../README.md");
-        assert!(
-            readme.contains(&format!("```rust\n{example}```\n")),
-            "the README's client snippet differs from the module example:\n{example}"
-        );
-    }
-}

@@ -1,4 +1,26 @@
 //! In-process deliveries for examples and unit tests of handlers.
+//!
+//! A handler's outcome on a delivery that needs no broker:
+//!
+//! ```
+//! use idem_runtime::consumer::{Acked, Action, Runner, testing::Memory};
+//! use idem_runtime::store::memory::MemoryStore;
+//!
+//! #[derive(serde::Deserialize)]
+//! struct Ping { id: u64 }
+//!
+//! #[idem_runtime::idempotent(consumer, event = "PING", key = "p.id", scope = "doc.ping")]
+//! async fn on_ping(p: Ping) -> Result<(), idem_runtime::Error> { Ok(()) }
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! idem_runtime::install(MemoryStore::new());
+//! let delivery = Memory::new(br#"{"id": 1}"#).with_message_id("m-1");
+//! let log = delivery.log(); // what the runner told the "broker"
+//! let action = Runner::new().process(delivery, &on_ping).await.unwrap();
+//! assert_eq!(action, Action::Acked(Acked::Processed));
+//! assert_eq!(log.lock().unwrap().len(), 1);
+//! # });
+//! ```
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

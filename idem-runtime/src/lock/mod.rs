@@ -21,6 +21,19 @@
 //!
 //! A lease shorter than the work is a bug the lock cannot fix: renew every
 //! third of the lease, and stop when a renewal answers `false`.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use idem_runtime::lock::postgres::PgLocks;
+//!
+//! # async fn run() -> Result<(), idem_runtime::StoreError> {
+//! let locks = PgLocks::connect("postgres://app@127.0.0.1:5432/orders").await?;
+//! if let Some(lock) = locks.try_acquire("nightly-settlement", Duration::from_secs(30)).await? {
+//!     // … the batch, inside an idempotent call; renew every third of the lease …
+//!     lock.release().await?;
+//! }
+//! # Ok(()) }
+//! ```
 
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]

@@ -24,6 +24,22 @@
 //! dropped mid-way (a timeout around it, a cancelled request) closes its
 //! connection too, unless the lock was refused. Each held lock costs one
 //! connection.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use idem_runtime::lock::postgres::PgLocks;
+//!
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), idem_runtime::StoreError> {
+//! let locks = PgLocks::new(pool); // the application's pool; each held lock takes a connection off it
+//! if let Some(mut lock) = locks.try_acquire("rebalance", Duration::from_secs(30)).await? {
+//!     while lock.renew(Duration::from_secs(30)).await? {
+//!         // … a slice of the work, then renew again …
+//!         break;
+//!     }
+//!     lock.release().await?; // false: the lease ran out and the session was closed
+//! }
+//! # Ok(()) }
+//! ```
 
 use std::str::FromStr;
 use std::time::{Duration, Instant};

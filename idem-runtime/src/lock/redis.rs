@@ -7,6 +7,18 @@
 //! Redis acknowledges a write before a replica has it, so a failover can lose
 //! a lock and let a second holder in: one more reason a lock never replaces
 //! the claim.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use idem_runtime::lock::redis::RedisLocks;
+//!
+//! # async fn run() -> Result<(), idem_runtime::StoreError> {
+//! let locks = RedisLocks::connect("redis://127.0.0.1:6379").await?;
+//! if let Some(lock) = locks.try_acquire("rebalance", Duration::from_secs(30)).await? {
+//!     lock.release().await?; // only this holder's token can release it
+//! }
+//! # Ok(()) }
+//! ```
 
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};

@@ -22,6 +22,25 @@
 //! - `args.rs`: a recoverable call's arguments as stored with its claim
 //!   (sealed, capped); `recovering.rs`: what a recovery worker tells the call
 //!   it runs. The worker itself is `crate::recovery`, which calls into here.
+//!
+//! The attribute expands to a call of [`execute`]; [`track_replays`] tells a
+//! replay from a first execution:
+//!
+//! ```
+//! use idem_runtime::protocol::track_replays;
+//! use idem_runtime::store::memory::MemoryStore;
+//!
+//! #[idem_runtime::idempotent(key = "n", scope = "doc.protocol")]
+//! async fn double(n: u64) -> Result<u64, idem_runtime::Error> { Ok(n * 2) }
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! idem_runtime::install(MemoryStore::new());
+//! let (first, replayed) = track_replays(double(21)).await;
+//! assert_eq!((first.unwrap(), replayed), (42, false));
+//! let (again, replayed) = track_replays(double(21)).await;
+//! assert_eq!((again.unwrap(), replayed), (42, true));
+//! # });
+//! ```
 
 pub(crate) mod args;
 mod claim;

@@ -1,4 +1,15 @@
 //! The in-process store: a sharded map with expiry. One process only.
+//!
+//! ```
+//! use std::time::Duration;
+//! use idem_runtime::ManualClock;
+//! use idem_runtime::store::memory::MemoryStore;
+//!
+//! let clock = ManualClock::new(0);
+//! let store = MemoryStore::builder().clock(clock.clone()).build(); // leases and ttls on a clock the test moves
+//! clock.advance(Duration::from_secs(31)); // a 30 s lease has run out
+//! # let _ = store;
+//! ```
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;

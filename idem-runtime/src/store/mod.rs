@@ -3,6 +3,23 @@
 //! A backend implements [`Store`]; the protocol in [`crate::protocol`] does the
 //! rest (encoding, replay, waiting, heartbeats, metrics). Every backend must pass
 //! the conformance suite in `tests/src/conformance.rs`.
+//!
+//! ```
+//! use idem_runtime::Key;
+//! use idem_runtime::store::memory::MemoryStore;
+//! use idem_runtime::store::{RecordState, Store, StoreRef};
+//!
+//! #[idem_runtime::idempotent(key = "n", scope = "doc.store", store = store.clone())]
+//! async fn square(store: &StoreRef, n: u64) -> Result<u64, idem_runtime::Error> { Ok(n * n) }
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let store = StoreRef::new(MemoryStore::new()); // or an `Arc` of any store
+//! square(&store, 7).await.unwrap();
+//! let key = Key::builder("doc.store").part(&7u64).finish();
+//! let record = store.inspect(&key).await.unwrap().expect("a record");
+//! assert_eq!(record.state, RecordState::Done);
+//! # });
+//! ```
 
 use std::future::Future;
 use std::time::Duration;

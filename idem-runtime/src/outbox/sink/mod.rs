@@ -14,6 +14,20 @@
 //! holds the sink to it, is tabled under `# Limits of …` in the consumer module
 //! of that broker (`consumer::rabbitmq`, `consumer::jetstream`,
 //! `consumer::redis_streams`).
+//!
+//! A sink publishes what a relay claimed and says what the broker took; the
+//! in-process one shows the shape:
+//!
+//! ```
+//! use idem_runtime::outbox::sink::MemorySink;
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let (sink, mut published) = MemorySink::channel(16);
+//! sink.set_down(true); // every publish fails: the relay backs off, the backlog stays
+//! sink.set_down(false);
+//! assert!(published.try_recv().is_err()); // nothing published yet
+//! # });
+//! ```
 
 #[cfg(feature = "jetstream")]
 mod jetstream;

@@ -63,6 +63,17 @@
 //! | Cluster slots | a command over keys of two slots is `CROSSSLOT`; `MOVED`/`ASK` redirect | every command touches one key, placed by its `{…}` hash tag | `tests/redis/claim.rs::cluster_keys_are_hash_tagged_and_spread` |
 //! | a value at a record's key this version cannot read | answers whatever is there | fails closed with a `StoreError` and leaves it alone | `tests/redis/records.rs::single_node_unknown_state_fails_closed`, `tests/redis/records.rs::single_node_earlier_layout_is_a_clear_error` |
 //! | server down or slow | connection refused, or no answer | fails closed within `response_timeout` (2 s) and reconnects by itself | `tests/redis/fail_closed.rs::redis_stopped_mid_test_fails_closed`, `tests/redis/fail_closed.rs::closed_port_fails_closed_without_showing_the_password` |
+//!
+//! ```no_run
+//! use idem_runtime::store::redis::RedisStore;
+//!
+//! # async fn run() -> Result<(), idem_runtime::StoreError> {
+//! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+//! // Valkey ≥ 8.1 and Redis ≥ 8.4 complete with one `SET … IFEQ`:
+//! let one_command = store.completes_with_set_ifeq();
+//! idem_runtime::install(store);
+//! # let _ = one_command; Ok(()) }
+//! ```
 
 mod builder;
 mod claim;

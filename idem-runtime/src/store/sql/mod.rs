@@ -10,6 +10,19 @@
 //! Each dialect claims with one upsert whose `WHERE` decides whether the
 //! existing row may be taken (`INSERT … ON CONFLICT … DO UPDATE … WHERE`), never
 //! by catching a unique violation.
+//!
+//! ```
+//! use idem_runtime::store::sql::SqliteStore;
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let dir = std::env::temp_dir().join(format!("idem-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir).unwrap();
+//! // Opening applies idem's migrations (`skip_migrations()` on the builder to leave them to you).
+//! let store = SqliteStore::open(dir.join("idem.db")).await.unwrap();
+//! idem_runtime::install(store);
+//! # std::fs::remove_dir_all(&dir).ok();
+//! # });
+//! ```
 
 mod dialect;
 #[cfg(feature = "mysql")]
