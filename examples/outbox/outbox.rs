@@ -135,21 +135,12 @@ async fn consumer_process(schema: &str, stream: &str) -> Result<(), BoxError> {
         .connect(&client)
         .await?;
     let runner = Runner::new();
-    let handler = |m: Envelope<OrderCreated>| {
-        let pool = pool.clone();
-        async move {
-            let mut tx = pool.begin().await?;
-            ship(&mut tx, m).await?;
-            if let Err(e) = tx.commit().await {
-                idem_runtime::consumer::mark_rolled_back();
-                return Err(e.into());
-            }
-            Ok::<(), ShipError>(())
-        }
-    };
     loop {
         let delivery = source.next().await?;
-        runner.process(delivery, &handler).await?;
+        // The runner begins the transaction, commits it, and only then acks.
+        runner
+            .process_in_tx(delivery, &pool, &|tx, m| Box::pin(ship(tx, m)))
+            .await?;
         let s = runner.stats();
         sqlx::query(
             "UPDATE consumer_stats SET delivered = $1, processed = $2, deduplicated = $3, parked = $4",
