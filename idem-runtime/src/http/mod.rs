@@ -25,7 +25,7 @@
 //! future dropped because the client went away) leaves its key PROCESSING
 //! until the lease runs out; then a retry takes it over and runs the handler
 //! again. A response the layer does not store released the key before it was
-//! sent. The README's "HTTP" section has the details.
+//! sent. The guide's [http](crate::guide::http) page has the details.
 //!
 //! ```
 //! use axum::{Router, routing::post, Json};

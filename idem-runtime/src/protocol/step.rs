@@ -100,7 +100,7 @@ where
 /// [`run_step`] for a step with a compensation: once the step finished (ran,
 /// or replayed its saved output), `compensate` is registered with its output,
 /// and runs, recorded, if the flow gives up (a call with `final_err` ends with
-/// a final error). See the README's "Compensation".
+/// a final error). See the guide's [steps](crate::guide::steps) page.
 pub async fn run_step_compensated<T, E, F, C, CF, U, E2>(
     step: impl Into<StepCall>,
     compensation: &'static str,

@@ -35,18 +35,14 @@
 //! # });
 //! ```
 //!
-//! - `registry.rs`: [`Recovery`], which function resumes which scope, and
-//!   [`Recoverable`], what `recoverable!` returns;
-//! - `worker.rs`: [`Worker`], its settings and its passes; `turn.rs`: one
-//!   turn at one abandoned claim; `stats.rs`: [`WorkerStats`] and [`Pass`];
-//! - the arguments as stored (sealed under the key secret, capped like
-//!   results) and what the worker tells the call it runs (the key it must
-//!   claim) are the call's side: `protocol/args.rs` and
-//!   `protocol/recovering.rs`;
-//! - `metrics.rs`: `idem_recovery_*`.
+//! - [`Recovery`]: which function resumes which scope; [`Recoverable`] is
+//!   what `recoverable!` returns for one;
+//! - [`Worker`]: its settings, its passes and how it shuts down;
+//!   [`WorkerStats`] and [`Pass`]: what it did.
 //!
-//! See the README's "Recovery" for what is stored, what runs again and what
-//! it does not cover.
+//! The guide's [recovery](crate::guide::recovery) page says what is stored,
+//! what runs again, what a crash, a panic or a dropped worker does, and what
+//! recovery does not cover.
 
 mod metrics;
 mod registry;

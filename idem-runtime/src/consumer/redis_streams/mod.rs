@@ -148,8 +148,8 @@ where
 /// Reading leaves them parked (`XRANGE`); remove one once handled with
 /// `XDEL <parking_stream> <position>`.
 ///
-/// A poison message, from publishing to reading it parked (the README's
-/// example):
+/// A poison message, from publishing to reading it parked (the guide's
+/// consumers page shows it too):
 ///
 /// ```no_run
 /// use idem_runtime::consumer::redis_streams::{self, RedisStreamsSource};
