@@ -56,6 +56,9 @@
 //! a commit waits on a slow disk, the rate follows the disk and the CPU
 //! still tells the sides apart.
 //!
+//! The medians go to `benchmarks/data/consumers.csv` (see `figures.rs`;
+//! `IDEM_BENCH_CSV=off` for a quick run), one table per broker and mode.
+//!
 //! Machines are noisy: read the ratios, not the absolute numbers.
 
 use std::str::FromStr;
@@ -85,6 +88,9 @@ use sqlx::{PgPool, Postgres, Transaction};
 #[path = "knobs.rs"]
 mod knobs;
 use knobs::*;
+#[path = "figures.rs"]
+mod figures;
+use figures::Csv;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -858,11 +864,12 @@ async fn bench() -> Result<(), BoxError> {
     }
 
     println!("load average at start: {}", load());
+    let mut csv = Csv::new("consumers");
     println!(
         "{n} messages per cell, one PostgreSQL transaction each; median of {rounds} round(s); msgs/s, and CPU µs per message"
     );
     println!(
-        "{:<18} {:>3} {:>12} {:>9} {:>15} {:>16} {:>9} {:>15} {:>22} {:>22}",
+        "{:<18} {:>3} {:>12} {:>9} {:>18} {:>16} {:>9} {:>18} {:>22} {:>22}",
         "broker",
         "c",
         "hand-written",
@@ -905,9 +912,92 @@ async fn bench() -> Result<(), BoxError> {
                     }
                 }
             }
+            let per_round = |side: &[Measured]| -> Vec<f64> {
+                side.iter()
+                    .zip(&reference)
+                    .map(|(s, r)| s.rate / r.rate)
+                    .collect()
+            };
+            let (idem_spread, runner_spread) =
+                (spread(&per_round(&idem)), spread(&per_round(&runner)));
             let (reference, idem, runner) = (medians(&reference), medians(&idem), medians(&runner));
+            let x = c.to_string();
+            let mode = if env("IDEM_BENCH_SPAWN", 0) == 1 {
+                "run_spawned"
+            } else {
+                "run"
+            };
+            let table = if broker == Broker::Kafka {
+                format!(
+                    "{key} ({mode}; hand-written {})",
+                    if brokers.kafka_spawn {
+                        "spawning"
+                    } else {
+                        "one task"
+                    }
+                )
+            } else {
+                format!("{key} ({mode})")
+            };
+            let ratio = |side: &Measured| side.rate / reference.rate;
+            csv.row(
+                &table,
+                "idem ÷ hand-written",
+                &x,
+                ratio(&idem),
+                Some(idem_spread),
+                "ratio",
+                rounds,
+            );
+            csv.row(
+                &table,
+                "runner ÷ hand-written",
+                &x,
+                ratio(&runner),
+                Some(runner_spread),
+                "ratio",
+                rounds,
+            );
+            for (name, side) in [
+                ("hand-written", &reference),
+                ("idem", &idem),
+                ("runner", &runner),
+            ] {
+                csv.row(&table, name, &x, side.rate, None, "msg/s", rounds);
+                csv.row(
+                    &table,
+                    &format!("{name} client CPU"),
+                    &x,
+                    side.client_us,
+                    None,
+                    "µs/msg",
+                    rounds,
+                );
+                if let Some(us) = side.postgres_us {
+                    csv.row(
+                        &table,
+                        &format!("{name} PostgreSQL CPU"),
+                        &x,
+                        us,
+                        None,
+                        "µs/msg",
+                        rounds,
+                    );
+                }
+            }
             if c == 1 {
                 idem_c1 = Some(idem.rate);
+            }
+            if let Some(one) = idem_c1.filter(|_| c != 1) {
+                csv.row(
+                    &table,
+                    "idem ÷ its c=1",
+                    &x,
+                    idem.rate / one,
+                    None,
+                    "ratio",
+                    rounds,
+                );
             }
             let scale = idem_c1.filter(|_| c != 1).map_or(String::from("—"), |one| {
                 format!("{:.2}×", idem.rate / one)
@@ -916,14 +1006,15 @@ async fn bench() -> Result<(), BoxError> {
                 let show = |m| f(m).map_or(String::from("—"), |us| format!("{us:.0}"));
                 format!("{} / {} / {}", show(&reference), show(&idem), show(&runner))
             };
+            let with_spread = |r: f64, (lo, hi): (f64, f64)| format!("{r:.2} [{lo:.2}–{hi:.2}]");
             println!(
-                "{:<18} {c:>3} {:>12.0} {:>9.0} {:>14.2}× {scale:>16} {:>9.0} {:>14.2}× {:>22} {:>22}",
+                "{:<18} {c:>3} {:>12.0} {:>9.0} {:>18} {scale:>16} {:>9.0} {:>18} {:>22} {:>22}",
                 broker.name(),
                 reference.rate,
                 idem.rate,
-                idem.rate / reference.rate,
+                with_spread(idem.rate / reference.rate, idem_spread),
                 runner.rate,
-                runner.rate / reference.rate,
+                with_spread(runner.rate / reference.rate, runner_spread),
                 cpu(|m| Some(m.client_us)),
                 cpu(|m| m.postgres_us),
             );
@@ -936,6 +1027,8 @@ async fn bench() -> Result<(), BoxError> {
     println!(
         "statements per message: idem 4 (BEGIN, claim writing the record DONE, INSERT, COMMIT), hand-written 4 (BEGIN, dedup row, INSERT, COMMIT)"
     );
+    println!("[spread]: the lowest and highest per-round ratio");
+    csv.write();
 
     pool.close().await;
     sqlx::query(&format!("DROP SCHEMA IF EXISTS {SCHEMA} CASCADE"))

@@ -4,6 +4,9 @@
 //!
 //! ```sh
 //! cargo bench -p idem-benches --bench hot_path
+//! # knobs: IDEM_BENCH_ROUNDS (1): the whole suite that many times, each
+//! #        figure the median of its rounds (the spread their lowest and highest)
+//! # criterion's own options after `--`, e.g. `-- --warm-up-time 1 --measurement-time 3 call/`
 //! ```
 //!
 //! - `key/3 fields`: deriving a key from three business fields (SHA-256);
@@ -20,17 +23,29 @@
 //! wall time: the runtimes are single-threaded, so all the work is on that
 //! thread, and on a shared, loaded machine CPU time does not count the time
 //! the thread waited for a core.
+//!
+//! Each figure (criterion's estimate: its slope, or its mean where it has
+//! none) goes to `benchmarks/data/hot_path.csv` (see `figures.rs`;
+//! `IDEM_BENCH_CSV=off` for none), with `call/#[idempotent] on memory −
+//! bare`: what the attribute adds, per round.
 
+use std::collections::BTreeMap;
 use std::hint::black_box;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput, criterion_group};
 use idem_runtime::store::memory::MemoryStore;
 use idem_runtime::store::{AsStore, Store as _, StoreRef};
 use idem_runtime::store::{ClaimRequest, Completion, StoredOutcome, Token};
 use idem_runtime::{Key, idempotent};
 use serde::{Deserialize, Serialize};
+
+#[path = "figures.rs"]
+mod figures;
+#[path = "knobs.rs"]
+mod knobs;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Order {
@@ -231,4 +246,105 @@ fn idempotent_call(c: &mut Criterion) {
 }
 
 criterion_group!(benches, key_derivation, memory_store, idempotent_call);
-criterion_main!(benches);
+
+/// What `criterion_main!` does, `IDEM_BENCH_ROUNDS` times, then each
+/// benchmark's estimates read back from criterion's files into the CSV.
+fn main() {
+    let rounds: usize = knobs::env("IDEM_BENCH_ROUNDS", 1).max(1);
+    let dir = criterion_dir();
+    let mut figures: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for _ in 0..rounds {
+        let started = SystemTime::now();
+        benches();
+        let fresh = estimates(&dir, started);
+        let call = |name: &str| fresh.get(&format!("call/{name}")).copied();
+        if let (Some(idem), Some(bare)) = (call("#[idempotent] on memory"), call("bare async fn")) {
+            figures
+                .entry("call/#[idempotent] on memory − bare".to_owned())
+                .or_default()
+                .push(idem - bare);
+        }
+        for (id, ns) in fresh {
+            figures.entry(id).or_default().push(ns);
+        }
+    }
+    Criterion::default().configure_from_args().final_summary();
+    if figures.is_empty() {
+        eprintln!("no criterion estimates found under {}", dir.display());
+        return;
+    }
+    let mut csv = figures::Csv::new("hot_path");
+    println!("\nmedians of {rounds} round(s), ns per operation [lowest–highest round]:");
+    for (id, ns) in figures {
+        let (lo, hi) = knobs::spread(&ns);
+        let m = knobs::median(ns);
+        println!("  {id:<52} {m:>8.1} [{lo:.1}–{hi:.1}]");
+        csv.row("ns per operation", &id, "", m, Some((lo, hi)), "ns", rounds);
+    }
+    csv.write();
+}
+
+/// Where criterion writes: `$CRITERION_HOME`, `$CARGO_TARGET_DIR/criterion`,
+/// else the workspace's `target/criterion`.
+fn criterion_dir() -> PathBuf {
+    if let Some(home) = std::env::var_os("CRITERION_HOME") {
+        return PathBuf::from(home);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"),
+        PathBuf::from,
+    );
+    target.join("criterion")
+}
+
+/// Each benchmark criterion measured since `since`: its id and its time per
+/// iteration in ns (the slope's estimate, else the mean's), from the
+/// `new/benchmark.json` and `new/estimates.json` it left.
+fn estimates(dir: &Path, since: SystemTime) -> BTreeMap<String, f64> {
+    #[derive(Deserialize)]
+    struct Benchmark {
+        full_id: String,
+    }
+    #[derive(Deserialize)]
+    struct Estimate {
+        point_estimate: f64,
+    }
+    #[derive(Deserialize)]
+    struct Estimates {
+        mean: Estimate,
+        slope: Option<Estimate>,
+    }
+    let mut found = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if !path.is_dir() {
+                continue;
+            }
+            if path.file_name().is_some_and(|n| n != "new") {
+                stack.push(path);
+                continue;
+            }
+            let estimates = path.join("estimates.json");
+            let fresh = std::fs::metadata(&estimates)
+                .and_then(|m| m.modified())
+                .is_ok_and(|at| at >= since);
+            let read = |file: &Path| std::fs::read_to_string(file).ok();
+            let (Some(b), Some(e)) = (read(&path.join("benchmark.json")), read(&estimates)) else {
+                continue;
+            };
+            if let (true, Ok(b), Ok(e)) = (
+                fresh,
+                serde_json::from_str::<Benchmark>(&b),
+                serde_json::from_str::<Estimates>(&e),
+            ) {
+                found.insert(b.full_id, e.slope.unwrap_or(e.mean).point_estimate);
+            }
+        }
+    }
+    found
+}

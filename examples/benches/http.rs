@@ -48,6 +48,9 @@
 //! layer takes, copied from `idem-runtime/src/http/layer.rs` and `stored.rs`
 //! with the same crates, timed alone in the thread's CPU time.
 //!
+//! The medians go to `benchmarks/data/http.csv` (see `figures.rs`;
+//! `IDEM_BENCH_CSV=off` for a quick run): the table `sockets`, and `stages`.
+//!
 //! Machines are noisy: read the ratios, not the absolute numbers.
 
 use std::hint::black_box;
@@ -77,6 +80,9 @@ use tower::ServiceExt;
 #[path = "knobs.rs"]
 mod knobs;
 use knobs::*;
+#[path = "figures.rs"]
+mod figures;
+use figures::Csv;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -404,7 +410,7 @@ fn client(c: usize) -> reqwest::Client {
         .expect("a reqwest client")
 }
 
-async fn over_http(server: &Server) -> Result<(), BoxError> {
+async fn over_http(server: &Server, csv: &mut Csv) -> Result<(), BoxError> {
     let n: u64 = env("IDEM_BENCH_REQUESTS", 100_000);
     let n1: u64 = env("IDEM_BENCH_REQUESTS_C1", 20_000);
     let rounds: usize = env("IDEM_BENCH_ROUNDS", 3).max(1);
@@ -486,6 +492,55 @@ async fn over_http(server: &Server) -> Result<(), BoxError> {
                 let bare_rate = median(cells[b].iter().map(|c| c.rate).collect());
                 format!("{:.2} [{lo:.2}–{hi:.2}]", rate / bare_rate)
             });
+            let x = c.to_string();
+            let series = side.name();
+            if let Some(b) = bare.filter(|&b| b != k) {
+                let ratios: Vec<f64> = (0..rounds)
+                    .map(|r| cells[k][r].rate / cells[b][r].rate)
+                    .collect();
+                let bare_rate = median(cells[b].iter().map(|c| c.rate).collect());
+                let bare_server = median(cells[b].iter().map(|c| c.server_us).collect());
+                let ratio_series = format!("{series} ÷ (a)");
+                let added = format!("{series}: server CPU over (a)");
+                let ratio = rate / bare_rate;
+                csv.row(
+                    "sockets",
+                    &ratio_series,
+                    &x,
+                    ratio,
+                    Some(spread(&ratios)),
+                    "ratio",
+                    rounds,
+                );
+                csv.row(
+                    "sockets",
+                    &added,
+                    &x,
+                    server_us - bare_server,
+                    None,
+                    "µs/req",
+                    rounds,
+                );
+            }
+            csv.row("sockets", series, &x, rate, None, "req/s", rounds);
+            csv.row(
+                "sockets",
+                &format!("{series}: process CPU"),
+                &x,
+                of(|c| c.process_us),
+                None,
+                "µs/req",
+                rounds,
+            );
+            csv.row(
+                "sockets",
+                &format!("{series}: server CPU"),
+                &x,
+                server_us,
+                None,
+                "µs/req",
+                rounds,
+            );
             let extra = bare.map_or(String::from("—"), |b| {
                 format!(
                     "{:.1}",
@@ -789,7 +844,7 @@ async fn store_replay_keys(router: &Router) -> Result<(), BoxError> {
     Ok(())
 }
 
-async fn stages() -> Result<(), BoxError> {
+async fn stages(csv: &mut Csv) -> Result<(), BoxError> {
     let iters: u64 = env("IDEM_BENCH_STAGE_ITERS", 50_000);
     let memory = StoreRef::new(MemoryStore::new());
     let router = app(memory.clone(), None);
@@ -1138,11 +1193,27 @@ async fn stages() -> Result<(), BoxError> {
             ns(protocol_first),
         ),
     ];
+    let stage = |csv: &mut Csv, what: &str, t: f64| csv.row("stages", what, "", t, None, "ns", 3);
+    stage(csv, "(a) bare route", ns(bare));
+    stage(csv, "(b) layer on memory, first execution", ns(first));
+    stage(csv, "(c) layer on memory, replay", ns(replay));
+    stage(
+        csv,
+        "(b) − (a): the layer, first execution",
+        ns(first) - ns(bare),
+    );
+    stage(csv, "(c) − (a): the layer, replay", ns(replay) - ns(bare));
     let mut sum = 0.0;
     for (what, t) in steps {
         sum += t;
         println!("  {what:<64} {t:>9.0}");
+        stage(csv, what, t);
     }
+    stage(
+        csv,
+        "unattributed: (b) − (a) less 1–6",
+        ns(first) - ns(bare) - sum,
+    );
     println!("  {:<64} {sum:>9.0}", "sum of 1–6");
     println!(
         "  {:<64} {:>9.0}",
@@ -1185,16 +1256,22 @@ async fn stages() -> Result<(), BoxError> {
 fn main() {
     // `cargo bench` passes `--bench`; there is nothing to filter.
     let only = std::env::var("IDEM_BENCH_ONLY").unwrap_or_default();
+    let mut csv = Csv::new("http");
+    let alone = std::env::var("IDEM_BENCH_STAGE_ONLY").is_ok()
+        || std::env::var("IDEM_BENCH_PROFILE").is_ok();
     if only.is_empty() || only == "stages" {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("a tokio runtime");
-        if let Err(e) = rt.block_on(stages()) {
+        if let Err(e) = rt.block_on(stages(&mut csv)) {
             eprintln!("error: {e}");
             std::process::exit(1);
         }
         if only == "stages" {
+            if !alone {
+                csv.write();
+            }
             return;
         }
         println!();
@@ -1215,8 +1292,11 @@ fn main() {
     let result = if std::env::var("IDEM_BENCH_PROFILE").is_ok() {
         rt.block_on(profile(&server))
     } else {
-        rt.block_on(over_http(&server))
+        rt.block_on(over_http(&server, &mut csv))
     };
+    if result.is_ok() && !alone {
+        csv.write();
+    }
     if let Err(e) = result {
         eprintln!("error: {e} (side (d) needs Redis)");
         std::process::exit(1);

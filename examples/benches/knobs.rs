@@ -111,3 +111,10 @@ pub fn cpu_since(name: &str, before: &HashMap<u32, u64>) -> Option<Duration> {
         .sum();
     ticks(advance)
 }
+
+/// The lowest and highest of per-round ratios: a cell's spread.
+pub fn spread(ratios: &[f64]) -> (f64, f64) {
+    let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (lo, hi)
+}

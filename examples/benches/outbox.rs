@@ -12,6 +12,7 @@
 //! # knobs: IDEM_BENCH_ONLY=write|relay|latency (default: all three)
 //! #        IDEM_BENCH_WRITE_TX (4000 transactions per cell) IDEM_BENCH_ROUNDS (3)
 //! #        IDEM_BENCH_RELAY_MESSAGES (100000) IDEM_BENCH_RELAY_BATCHES (1000,500)
+//! #        IDEM_BENCH_RELAY_ROUNDS (1: drains per row, brokers taking turns; median)
 //! #        IDEM_BENCH_LATENCY_RATE (1000 messages/s) IDEM_BENCH_LATENCY_SECONDS (10)
 //! #        IDEM_BENCH_NO_NOTIFY=1 drops the outbox's NOTIFY trigger (what LISTEN
 //! #        costs the writers; the relay then polls every second)
@@ -36,9 +37,12 @@
 //!   `Relay::run` woken by PostgreSQL's LISTEN; from the moment the writer's
 //!   commit returned to the moment the broker confirmed the message.
 //!
+//! The medians go to `benchmarks/data/outbox.csv` (see `figures.rs`;
+//! `IDEM_BENCH_CSV=off` for a quick run), the charts' data.
+//!
 //! Machines are noisy: read the ratios, not the absolute numbers.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -58,6 +62,9 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 #[path = "knobs.rs"]
 mod knobs;
 use knobs::*;
+#[path = "figures.rs"]
+mod figures;
+use figures::Csv;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -93,6 +100,15 @@ impl Side {
             Side::Base => "(a) INSERT order",
             Side::Put => "(b) + put (1 message)",
             Side::PutAll => "(c) + put_all (3 messages)",
+        }
+    }
+
+    /// The side's name in the CSV.
+    fn series(self) -> &'static str {
+        match self {
+            Side::Base => "INSERT alone",
+            Side::Put => "INSERT + put",
+            Side::PutAll => "INSERT + put_all of 3",
         }
     }
 
@@ -188,7 +204,7 @@ async fn measure(pool: &PgPool, side: Side, run: String, concurrency: usize, cal
     }
 }
 
-async fn writing(pool: &PgPool, calls: u64, rounds: usize) -> Result<(), BoxError> {
+async fn writing(pool: &PgPool, calls: u64, rounds: usize, csv: &mut Csv) -> Result<(), BoxError> {
     println!(
         "\n(a) writing: one transaction per call, {calls} transactions per cell, median of {rounds} rounds"
     );
@@ -226,6 +242,21 @@ async fn writing(pool: &PgPool, calls: u64, rounds: usize) -> Result<(), BoxErro
             let lo = ratios[i].iter().copied().fold(f64::INFINITY, f64::min);
             let hi = ratios[i].iter().copied().fold(0.0, f64::max);
             let vs = format!("{:.3} [{lo:.2}-{hi:.2}]", m.throughput() / base);
+            let x = c.to_string();
+            csv.row(
+                "write",
+                side.series(),
+                &x,
+                m.throughput(),
+                None,
+                "tx/s",
+                rounds,
+            );
+            if i > 0 {
+                let ratio = m.throughput() / base;
+                let series = format!("{} ÷ INSERT alone", side.series());
+                csv.row("write", &series, &x, ratio, Some((lo, hi)), "ratio", rounds);
+            }
             println!(
                 "{:<28} {c:>3} {:>8.0} {:>9.2?} {:>9.2?} {vs:>20} {:>6}",
                 side.name(),
@@ -418,64 +449,116 @@ async fn relaying(
     brokers: &Brokers,
     messages: u64,
     batches: &[usize],
+    rounds: usize,
+    csv: &mut Csv,
 ) -> Result<(), BoxError> {
-    println!("\n(b) relaying: {messages} committed messages drained by one relay");
+    println!(
+        "\n(b) relaying: {messages} committed messages drained by one relay, {rounds} round(s) per row"
+    );
     println!(
         "{:<18} {:>6} {:>10} {:>9} {:>10} {:>9} {:>9} {:>8}",
         "broker", "batch", "written/s", "drain", "drained/s", "publish", "database", "on broker"
     );
-    for &broker in &brokers.on {
-        for &batch in batches {
-            sqlx::query("TRUNCATE idem_outbox").execute(pool).await?;
-            let run = format!("relay-{}-{batch}", label(broker));
-            let topic = brokers.topic(broker, &run);
-            let filled = fill(pool, &topic, &run, messages).await?;
-            // The fill's dead tuples and fresh statistics, as a long-running
-            // table would have them.
-            sqlx::query("VACUUM ANALYZE idem_outbox")
-                .execute(pool)
-                .await?;
-            let stats = Arc::new(SinkStats::default());
-            let sink = Observed {
-                inner: brokers.sink(broker, &topic).await?,
-                stats: stats.clone(),
-                keep_ids: false,
-            };
-            let relay = Relay::builder(pool.clone(), sink).batch(batch).build();
-            let started = Instant::now();
-            loop {
-                let round = relay.run_once().await?;
-                if round.claimed == 0 {
-                    break;
-                }
-            }
-            let elapsed = started.elapsed();
-            let published = relay.stats().published;
-            let left = pending(pool).await?;
-            let on_broker = brokers.count_and_clear(broker, &topic).await?;
-            let publish = Duration::from_nanos(stats.publish_nanos.load(Ordering::Relaxed));
-            let share = publish.as_secs_f64() / elapsed.as_secs_f64();
-            println!(
-                "{:<18} {batch:>6} {:>10.0} {:>9.2?} {:>10.0} {:>8.0}% {:>8.0}% {on_broker:>8}{}",
-                broker_name(broker),
-                messages as f64 / filled.as_secs_f64(),
-                elapsed,
-                published as f64 / elapsed.as_secs_f64(),
-                share * 100.0,
-                (1.0 - share) * 100.0,
-                if left == 0 {
-                    String::new()
-                } else {
-                    format!("  ({left} NOT SENT)")
-                }
-            );
+    let mut drained: BTreeMap<(usize, usize), Vec<(f64, f64)>> = BTreeMap::new();
+    for round in 0..rounds {
+        // Brokers take turns going first.
+        let mut order: Vec<usize> = (0..brokers.on.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
         }
+        for b in order {
+            for (k, &batch) in batches.iter().enumerate() {
+                let rate = relay_once(pool, brokers, brokers.on[b], batch, messages, round).await?;
+                drained.entry((b, k)).or_default().push(rate);
+            }
+        }
+    }
+    for ((b, k), rates) in drained {
+        let (broker, batch) = (brokers.on[b], batches[k]);
+        let share = median(rates.iter().map(|r| r.1).collect());
+        let rates: Vec<f64> = rates.into_iter().map(|r| r.0).collect();
+        let rate = median(rates.clone());
+        let series = format!("{} batch {batch}", broker_name(broker));
+        csv.row(
+            "relay",
+            &series,
+            "drained",
+            rate,
+            Some(spread(&rates)),
+            "msg/s",
+            rounds,
+        );
+        csv.row(
+            "relay",
+            &series,
+            "publish share",
+            share,
+            None,
+            "fraction",
+            rounds,
+        );
     }
     println!(
         "written/s: the fill (put_all of 1000 per transaction); publish: time inside the sink; \
          database: the rest of the drain (claim and mark statements, the relay's own work)"
     );
     Ok(())
+}
+
+/// One drain of `messages` committed messages into `broker`: messages a
+/// second and the share of the time inside the sink.
+async fn relay_once(
+    pool: &PgPool,
+    brokers: &Brokers,
+    broker: Broker,
+    batch: usize,
+    messages: u64,
+    round: usize,
+) -> Result<(f64, f64), BoxError> {
+    sqlx::query("TRUNCATE idem_outbox").execute(pool).await?;
+    let run = format!("relay-{}-{batch}-{round}", label(broker));
+    let topic = brokers.topic(broker, &run);
+    let filled = fill(pool, &topic, &run, messages).await?;
+    // The fill's dead tuples and fresh statistics, as a long-running
+    // table would have them.
+    sqlx::query("VACUUM ANALYZE idem_outbox")
+        .execute(pool)
+        .await?;
+    let stats = Arc::new(SinkStats::default());
+    let sink = Observed {
+        inner: brokers.sink(broker, &topic).await?,
+        stats: stats.clone(),
+        keep_ids: false,
+    };
+    let relay = Relay::builder(pool.clone(), sink).batch(batch).build();
+    let started = Instant::now();
+    loop {
+        let pass = relay.run_once().await?;
+        if pass.claimed == 0 {
+            break;
+        }
+    }
+    let elapsed = started.elapsed();
+    let published = relay.stats().published;
+    let left = pending(pool).await?;
+    let on_broker = brokers.count_and_clear(broker, &topic).await?;
+    let publish = Duration::from_nanos(stats.publish_nanos.load(Ordering::Relaxed));
+    let share = publish.as_secs_f64() / elapsed.as_secs_f64();
+    println!(
+        "{:<18} {batch:>6} {:>10.0} {:>9.2?} {:>10.0} {:>8.0}% {:>8.0}% {on_broker:>8}{}",
+        broker_name(broker),
+        messages as f64 / filled.as_secs_f64(),
+        elapsed,
+        published as f64 / elapsed.as_secs_f64(),
+        share * 100.0,
+        (1.0 - share) * 100.0,
+        if left == 0 {
+            String::new()
+        } else {
+            format!("  ({left} NOT SENT)")
+        }
+    );
+    Ok((published as f64 / elapsed.as_secs_f64(), share))
 }
 
 // ---------------------------------------------------------------------------
@@ -487,6 +570,7 @@ async fn latency(
     brokers: &Brokers,
     rate: f64,
     seconds: f64,
+    csv: &mut Csv,
 ) -> Result<(), BoxError> {
     println!(
         "\n(c) latency: {rate:.0} messages/s for {seconds:.0} s, one per transaction, Relay::run (LISTEN); commit returned -> broker confirmed"
@@ -559,6 +643,16 @@ async fn latency(
         lat.sort_unstable();
         let claimed = relay.stats().claimed;
         let _ = brokers.count_and_clear(broker, &topic).await?;
+        let max = lat.last().copied().unwrap_or_default();
+        for (x, at) in [
+            ("p50", percentile(&lat, 0.5)),
+            ("p90", percentile(&lat, 0.9)),
+            ("p99", percentile(&lat, 0.99)),
+            ("max", max),
+        ] {
+            let ms = at.as_secs_f64() * 1e3;
+            csv.row("latency", broker_name(broker), x, ms, None, "ms", 1);
+        }
         println!(
             "{:<18} {:>8} {offered:>10.0} {:>9.2?} {:>9.2?} {:>9.2?} {:>9.2?} {:>8}",
             broker_name(broker),
@@ -637,11 +731,13 @@ async fn bench() -> Result<(), BoxError> {
     };
 
     println!("load average at start: {}", load());
+    let mut csv = Csv::new("outbox");
     if matches!(only.as_str(), "" | "write") {
         writing(
             &pool,
             env("IDEM_BENCH_WRITE_TX", 4000),
             env("IDEM_BENCH_ROUNDS", 3),
+            &mut csv,
         )
         .await?;
     }
@@ -656,6 +752,8 @@ async fn bench() -> Result<(), BoxError> {
             &brokers,
             env("IDEM_BENCH_RELAY_MESSAGES", 100_000),
             &batches,
+            env("IDEM_BENCH_RELAY_ROUNDS", 1).max(1),
+            &mut csv,
         )
         .await?;
     }
@@ -665,10 +763,12 @@ async fn bench() -> Result<(), BoxError> {
             &brokers,
             env("IDEM_BENCH_LATENCY_RATE", 1000.0),
             env("IDEM_BENCH_LATENCY_SECONDS", 10.0),
+            &mut csv,
         )
         .await?;
     }
     println!("\nload average at end: {}", load());
+    csv.write();
 
     pool.close().await;
     sqlx::query(&format!("DROP SCHEMA IF EXISTS {SCHEMA} CASCADE"))

@@ -6,13 +6,15 @@
 //! Run by hand, in release mode (CI builds it under clippy and never runs it):
 //!
 //! ```sh
-//! cargo bench -p idem-benches --bench explorer
+//! cargo bench -p idem-bench-explorer
 //! # knobs: IDEM_BENCH_ROUNDS (20)
 //! ```
 //!
 //! The flow: deduct stock (a ledger row unique per order), insert the order
 //! (conflict is success), charge a provider that deduplicates on the step's
-//! key; the snapshot is the tables. Machines are noisy: read the ratio.
+//! key; the snapshot is the tables. The medians go to
+//! `benchmarks/data/explorer.csv` (`IDEM_BENCH_CSV=off` for none). Machines
+//! are noisy: read the ratio.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -23,9 +25,12 @@ use idem_runtime::store::memory::MemoryStore;
 use idem_runtime::testing::Explorer;
 use idem_runtime::{idempotent, step};
 
-#[path = "knobs.rs"]
+#[path = "../knobs.rs"]
 mod knobs;
 use knobs::*;
+#[path = "../figures.rs"]
+mod figures;
+use figures::Csv;
 
 #[derive(Debug, Default, Clone, PartialEq)]
 struct Tables {
@@ -128,6 +133,15 @@ fn main() {
             whole.iter().copied().fold(0.0, f64::max),
         );
         let (whole, single) = (median(whole), median(single));
+        let mut csv = Csv::new("explorer");
+        let (table, x) = ("explorer, 3 steps, memory store", "");
+        csv.row(table, "schedules", x, schedules as f64, None, "count", rounds);
+        csv.row(table, "whole run", x, whole * 1e3, Some((lo * 1e3, hi * 1e3)), "ms", rounds);
+        csv.row(table, "one clean call", x, single * 1e6, None, "µs", rounds);
+        // One clean call takes microseconds, too short to time alone: the
+        // ratio of the medians, with no per-round spread.
+        let ratio = whole / single;
+        csv.row(table, "whole run ÷ one clean call", x, ratio, None, "ratio", rounds);
         println!("load average: {}", load());
         println!(
             "explorer over a flow of 3 steps on the memory store: {schedules} schedules in {:.2} ms (median of {rounds}; {:.2}–{:.2} ms), {:.0}× one clean call ({:.1} µs)",
@@ -137,5 +151,6 @@ fn main() {
             whole / single,
             single * 1e6
         );
+        csv.write();
     });
 }
