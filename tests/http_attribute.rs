@@ -320,6 +320,172 @@ mod axum_handlers {
         assert_eq!(bank.runs.load(SeqCst), 0);
     }
 
+    /// An application's own authentication: the tenant a bearer token was
+    /// issued to, or 401.
+    #[derive(Debug, Clone, PartialEq)]
+    struct AuthUser {
+        tenant: String,
+    }
+
+    impl<S: Send + Sync> axum::extract::FromRequestParts<S> for AuthUser {
+        type Rejection = (StatusCode, &'static str);
+
+        async fn from_request_parts(
+            parts: &mut axum::http::request::Parts,
+            _: &S,
+        ) -> Result<Self, Self::Rejection> {
+            let token = parts
+                .headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok());
+            let tenant = match token {
+                Some("Bearer token-of-a") => "tenant-a",
+                Some("Bearer token-of-b") => "tenant-b",
+                _ => return Err((StatusCode::UNAUTHORIZED, "who are you?")),
+            };
+            Ok(AuthUser {
+                tenant: tenant.to_owned(),
+            })
+        }
+    }
+
+    impl idem_runtime::http::Caller for AuthUser {
+        fn caller_id(&self) -> String {
+            self.tenant.clone()
+        }
+    }
+
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct TenantReceipt {
+        run: usize,
+        tenant: String,
+    }
+
+    /// The body names a tenant too, as clients' bodies do: only the verified
+    /// one scopes the key, and the handler reads it from the key.
+    #[idempotent(key = "key", store = bank.store)]
+    async fn verified_tip(
+        State(bank): State<Arc<Bank>>,
+        key: IdempotencyKey<AuthUser>,
+        Json(_claimed): Json<serde_json::Value>,
+    ) -> Result<Json<TenantReceipt>, AppError> {
+        let run = bank.runs.fetch_add(1, SeqCst) + 1;
+        Ok(Json(TenantReceipt {
+            run,
+            tenant: key.identity().tenant.clone(),
+        }))
+    }
+
+    async fn verified_tip_as(
+        c: &reqwest::Client,
+        base: &str,
+        token: Option<&str>,
+        key: &str,
+    ) -> reqwest::Response {
+        let mut rb = c
+            .post(format!("{base}/verified-tips"))
+            // What a client may claim, in a header and in the body alike.
+            .header("x-tenant", "tenant-a")
+            .json(&serde_json::json!({"tenant": "tenant-a"}))
+            .header("idempotency-key", key);
+        if let Some(token) = token {
+            rb = rb.header("authorization", format!("Bearer {token}"));
+        }
+        rb.send().await.unwrap()
+    }
+
+    fn verified_tips(bank: Arc<Bank>) -> Router {
+        Router::new()
+            .route("/verified-tips", post(verified_tip))
+            .layer(ReplayedHeaderLayer)
+            // A `KeyCaller` that trusts the client's header: the
+            // authenticated key must not use it.
+            .layer(by_tenant())
+            .with_state(bank)
+    }
+
+    #[tokio::test]
+    async fn a_key_scoped_by_a_verified_caller_never_returns_another_tenants_response() {
+        let bank = bank();
+        let base = serve_app(verified_tips(bank.clone())).await;
+        let c = reqwest::Client::new();
+        let a = verified_tip_as(&c, &base, Some("token-of-a"), "shared-1").await;
+        assert_eq!(a.status(), StatusCode::OK);
+        let a: TenantReceipt = a.json().await.unwrap();
+        assert_eq!(a.tenant, "tenant-a");
+
+        // Tenant B sends A's key value, and claims to be A in the header and
+        // the body: it gets a run of its own, as itself.
+        let b = verified_tip_as(&c, &base, Some("token-of-b"), "shared-1").await;
+        assert_eq!(b.status(), StatusCode::OK);
+        assert!(
+            b.headers().get("idempotent-replayed").is_none(),
+            "tenant B got tenant A's response"
+        );
+        let b: TenantReceipt = b.json().await.unwrap();
+        assert_eq!((b.run, b.tenant.as_str()), (2, "tenant-b"));
+
+        let a_again = verified_tip_as(&c, &base, Some("token-of-a"), "shared-1").await;
+        assert_eq!(a_again.headers()["idempotent-replayed"], "true");
+        assert_eq!(a_again.json::<TenantReceipt>().await.unwrap(), a);
+        let b_again = verified_tip_as(&c, &base, Some("token-of-b"), "shared-1").await;
+        assert_eq!(b_again.headers()["idempotent-replayed"], "true");
+        assert_eq!(b_again.json::<TenantReceipt>().await.unwrap(), b);
+        assert_eq!(bank.runs.load(SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_rejecting_authenticator_answers_before_the_key_is_read_or_claimed() {
+        let bank = bank();
+        let base = serve_app(verified_tips(bank.clone())).await;
+        let c = reqwest::Client::new();
+        // No token, a forged one, and no token with a malformed key: the
+        // authenticator's own 401 each time, never the key's 400.
+        for (token, key) in [
+            (None, "k-1"),
+            (Some("token-of-nobody"), "k-1"),
+            (None, "not a key"),
+        ] {
+            let r = verified_tip_as(&c, &base, token, key).await;
+            assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{token:?} {key:?}");
+            assert_eq!(r.text().await.unwrap(), "who are you?");
+        }
+        assert_eq!(bank.runs.load(SeqCst), 0);
+        // The key was left free (a claim would answer 409 or replay): the
+        // first authenticated request runs.
+        let r = verified_tip_as(&c, &base, Some("token-of-a"), "k-1").await;
+        assert_eq!(r.status(), StatusCode::OK);
+        assert!(r.headers().get("idempotent-replayed").is_none());
+        // An authenticated request with a malformed key is the key's 400.
+        let r = verified_tip_as(&c, &base, Some("token-of-a"), "not a key").await;
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(r.headers()["content-type"], "application/problem+json");
+        assert_eq!(bank.runs.load(SeqCst), 1);
+    }
+
+    /// A service moving from a `KeyCaller` to an authenticating extractor
+    /// with the same ids keeps its records: both keys are the same key.
+    #[test]
+    fn a_verified_callers_key_is_the_key_a_key_caller_of_that_id_makes() {
+        fn scoped<C>(key: &IdempotencyKey<C>) -> idem_runtime::Key {
+            idem_runtime::Key::builder("tips").part(key).finish()
+        }
+        let verified = IdempotencyKey::of(
+            AuthUser {
+                tenant: "tenant-a".into(),
+            },
+            "k-1",
+        );
+        assert_eq!(
+            scoped(&verified),
+            scoped(&IdempotencyKey::new("tenant-a", "k-1"))
+        );
+        assert_ne!(
+            scoped(&verified),
+            scoped(&IdempotencyKey::new("tenant-b", "k-1"))
+        );
+    }
+
     /// `(StatusCode, HeaderMap, Json<T>)`: the handler sets `Location` and a
     /// custom header (and a cookie, which must not be replayed).
     #[idempotent(key = "key", store = bank.store)]

@@ -1,13 +1,11 @@
-//! axum: the response types handlers return as stored forms, `IntoResponse`
-//! for idem's errors, and an `Idempotency-Key` extractor.
+//! axum: the response types handlers return as stored forms and
+//! `IntoResponse` for idem's errors (the `Idempotency-Key` extractor is in
+//! `extract.rs`).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::FromRequestParts;
 use axum::response::{IntoResponse, Response};
-use http::request::Parts;
 use http::{HeaderMap, HeaderName, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -17,8 +15,7 @@ use crate::error::Error;
 use crate::key::{KeyEncoder, KeyPart};
 use crate::protocol::StoredForm;
 
-use super::key::KeyRules;
-use super::problem::{NO_CALLER, for_error, problem};
+use super::problem::for_error;
 use super::stored::{ReadingValue, WritingValue, storable};
 
 /// The [`StoredForm`] marker of axum's response types: `Json<T>` is stored as
@@ -196,146 +193,6 @@ impl<T: Serialize> KeyPart for Json<T> {
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
         for_error(&self, Duration::from_secs(1), Duration::from_secs(10)).map(axum::body::Body::new)
-    }
-}
-
-/// Who sends a request, for [`IdempotencyKey`]: a tenant, an API key, a
-/// user, read from the request parts. Set it once on the router as an
-/// `axum::Extension`; the extractor requires it, and scopes every key to its
-/// value, so tenant B sending tenant A's key value never replays A's response.
-///
-/// The function is the one [`IdempotencyLayer::caller`] takes: `None` means
-/// the request cannot be placed, and is 400. An application with one caller
-/// says so with `KeyCaller::new(|_| Some(String::new()))`.
-///
-/// ```
-/// use axum::{Extension, Router, routing::post};
-/// use idem_runtime::http::KeyCaller;
-///
-/// # async fn pay() {}
-/// let app: Router = Router::new().route("/pay", post(pay)).layer(Extension(KeyCaller::new(
-///     |parts| parts.headers.get("x-tenant")?.to_str().ok().map(str::to_owned),
-/// )));
-/// ```
-///
-/// [`IdempotencyLayer::caller`]: super::IdempotencyLayer::caller
-#[derive(Clone)]
-pub struct KeyCaller(Arc<CallerFn>);
-
-type CallerFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
-
-impl KeyCaller {
-    /// The caller named by `f` from the request parts.
-    pub fn new(f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
-        KeyCaller(Arc::new(f))
-    }
-}
-
-impl std::fmt::Debug for KeyCaller {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KeyCaller").finish_non_exhaustive()
-    }
-}
-
-/// The request's `Idempotency-Key`, validated, and the caller it belongs to.
-///
-/// The caller comes from the [`KeyCaller`] set on the router, which is
-/// required: without it the extractor answers 500 (the server could not keep
-/// one caller's keys from another's), and a request whose caller it cannot
-/// name is 400. A missing or malformed key, or several different keys, is
-/// 400. All are `application/problem+json`.
-///
-/// As a key segment it stands for the caller and the key together, so
-/// `key = "key"` is already scoped to the caller. The rules are [`KeyRules`]
-/// from the request's extensions when a layer put them there
-/// (`axum::Extension(rules)`), the defaults otherwise.
-///
-/// ```
-/// use axum::{Extension, Json, Router, routing::post};
-/// use idem_runtime::{http::{IdempotencyKey, KeyCaller}, idempotent};
-///
-/// # #[derive(Debug)] struct AppError;
-/// # impl From<idem_runtime::Error> for AppError { fn from(_: idem_runtime::Error) -> Self { AppError } }
-/// # impl axum::response::IntoResponse for AppError {
-/// #     fn into_response(self) -> axum::response::Response { unreachable!() }
-/// # }
-/// # #[derive(serde::Deserialize)] struct Pay { amount_cents: u64 }
-/// # #[derive(serde::Serialize, serde::Deserialize)] struct Receipt { amount_cents: u64 }
-/// # async fn charge(req: &Pay) -> Result<Receipt, AppError> { Ok(Receipt { amount_cents: req.amount_cents }) }
-/// #[idempotent(key = "key")]
-/// async fn pay(key: IdempotencyKey, Json(req): Json<Pay>) -> Result<Json<Receipt>, AppError> {
-///     Ok(Json(charge(&req).await?))
-/// }
-///
-/// let app: Router = Router::new().route("/pay", post(pay)).layer(Extension(KeyCaller::new(
-///     |p| p.headers.get("x-tenant")?.to_str().ok().map(str::to_owned),
-/// )));
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IdempotencyKey {
-    caller: String,
-    key: String,
-}
-
-impl IdempotencyKey {
-    /// The key `key` of `caller`, as the extractor would make it.
-    ///
-    /// ```
-    /// let k = idem_runtime::http::IdempotencyKey::new("acme", "8e03978e");
-    /// assert_eq!((k.caller(), k.key()), ("acme", "8e03978e"));
-    /// ```
-    pub fn new(caller: impl Into<String>, key: impl Into<String>) -> Self {
-        IdempotencyKey {
-            caller: caller.into(),
-            key: key.into(),
-        }
-    }
-
-    /// The client's key, as sent (unquoted).
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-
-    /// Who sent it, as [`KeyCaller`] named them.
-    pub fn caller(&self) -> &str {
-        &self.caller
-    }
-}
-
-impl KeyPart for IdempotencyKey {
-    fn encode_key(&self, enc: &mut KeyEncoder) {
-        enc.write_seq_len(2);
-        self.caller.encode_key(enc);
-        self.key.encode_key(enc);
-    }
-}
-
-impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
-    type Rejection = Response;
-
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        let reject = |status, detail: &str| problem(status, detail).map(axum::body::Body::new);
-        let Some(caller_of) = parts.extensions.get::<KeyCaller>().cloned() else {
-            tracing::error!(
-                "IdempotencyKey needs a KeyCaller on the router (`.layer(Extension(KeyCaller::new(...)))`) to scope keys to their caller"
-            );
-            return Err(reject(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "the server cannot scope idempotency keys to their caller; the request was not processed",
-            ));
-        };
-        let rules = parts
-            .extensions
-            .get::<KeyRules>()
-            .copied()
-            .unwrap_or_default();
-        let key = rules
-            .from_headers(&parts.headers)
-            .map_err(|e| reject(StatusCode::BAD_REQUEST, &e.to_string()))?;
-        let Some(caller) = (caller_of.0)(parts) else {
-            return Err(reject(StatusCode::BAD_REQUEST, NO_CALLER));
-        };
-        Ok(IdempotencyKey { caller, key })
     }
 }
 

@@ -19,7 +19,8 @@
 //!   `(StatusCode, Json<T>)`; [`Error`](crate::Error) is `IntoResponse`; the
 //!   `IdempotencyKey` extractor reads and validates the header and scopes it
 //!   to the caller named by the `KeyCaller` set on the router, which it
-//!   requires.
+//!   requires; `IdempotencyKey<AuthUser>` scopes it to the caller the
+//!   application's own authenticating extractor verified (see `Caller`).
 //!
 //! A request that does not finish (a crash, a panic in the handler, a request
 //! future dropped because the client went away) leaves its key PROCESSING
@@ -70,6 +71,8 @@ mod stored;
 
 #[cfg(feature = "axum")]
 mod axum;
+#[cfg(feature = "axum")]
+mod extract;
 
 pub use key::{KeyProblem, KeyRules};
 pub use layer::IdempotencyLayer;
@@ -79,7 +82,10 @@ pub use service::{IdempotencyService, ResponseFuture};
 
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-pub use self::axum::{IdempotencyKey, KeyCaller, ViaAxum};
+pub use self::axum::ViaAxum;
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub use self::extract::{Caller, FromKeyCaller, IdempotencyKey, KeyCaller};
 
 /// The request header that carries the client's idempotency key.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
