@@ -3,12 +3,16 @@
 //! insert answers "new" exactly once per unique key, concurrent duplicates
 //! included, a duplicate inside a transaction leaves it usable, the state
 //! guard moves a row once, and every "already done" is counted in
-//! `idem_unique_conflicts_total{scope}`.
+//! `idem_unique_conflicts_total{scope}`. `InsertOnce::returning` hands back
+//! the row, new or existing, under the concurrency each dialect has: an
+//! insert waiting on an uncommitted one, a row deleted between the insert and
+//! the read (a TCP proxy holds the read), MySQL's snapshot and its lack of a
+//! conflict target.
 
 use std::str::FromStr;
 
 use idem_runtime::store::Token;
-use idem_runtime::unique::{InsertOnce, Transition, UniqueDialect};
+use idem_runtime::unique::{Found, InsertOnce, InsertReturning, Transition, UniqueDialect};
 use idem_tests::services;
 use metrics_util::MetricKind;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
@@ -453,5 +457,489 @@ async fn mysql_concurrent_duplicates_one_new() {
         .filter(|r| *r.as_ref().unwrap())
         .count();
     assert_eq!(news, 1);
+    db.drop().await;
+}
+
+// ---- InsertOnce::returning: the row, new or existing, in one call.
+
+/// The ledger's `(id, delta)` by order number, new or existing, on any
+/// dialect: the existing row as it was written (a duplicate's values are
+/// not applied), the transaction usable after a duplicate, by `&mut tx` and
+/// by `&mut *tx`.
+async fn returning_story<DB>(pool: &sqlx::Pool<DB>, insert: &str)
+where
+    DB: UniqueDialect,
+    for<'c> &'c mut <DB as Database>::Connection:
+        sqlx::Executor<'c, Database = DB> + sqlx::Acquire<'c, Database = DB>,
+    for<'q> <DB as Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB> + Clone,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'r> (i64, i64): sqlx::FromRow<'r, <DB as Database>::Row>,
+{
+    let ledger = InsertOnce::<DB>::new("test.returning", insert, &["order_no"])
+        .unwrap()
+        .returning(&["id", "delta"])
+        .unwrap();
+    let first: Found<(i64, i64)> = ledger
+        .run(pool, |q| q.bind("A-1").bind(-2i64))
+        .await
+        .unwrap();
+    let Found::New((id, -2)) = first else {
+        panic!("{first:?}")
+    };
+    let again: Found<(i64, i64)> = ledger
+        .run(pool, |q| q.bind("A-1").bind(-5i64))
+        .await
+        .unwrap();
+    assert_eq!(again, Found::Existing((id, -2)));
+    let other: Found<(i64, i64)> = ledger
+        .run(pool, |q| q.bind("A-2").bind(-1i64))
+        .await
+        .unwrap();
+    assert!(other.is_new() && other.row().0 != id, "{other:?}");
+
+    let mut tx = pool.begin().await.unwrap();
+    let inside: Found<(i64, i64)> = ledger
+        .run(&mut tx, |q| q.bind("A-1").bind(-9i64))
+        .await
+        .unwrap();
+    assert_eq!(inside, Found::Existing((id, -2)));
+    let next: Found<(i64, i64)> = ledger
+        .run(&mut *tx, |q| q.bind("A-3").bind(-3i64))
+        .await
+        .expect("the transaction is still usable after a duplicate");
+    assert!(next.is_new());
+    tx.commit().await.unwrap();
+}
+
+fn ledger_returning<DB: UniqueDialect>(insert: &str, scope: &str) -> InsertReturning<DB> {
+    InsertOnce::<DB>::new(scope, insert, &["order_no"])
+        .unwrap()
+        .returning(&["id", "delta"])
+        .unwrap()
+}
+
+#[test]
+fn sqlite_returning_hands_back_the_row_new_or_existing() {
+    let counts = with_metrics(|| async {
+        let pool = SqlitePool::connect("sqlite::memory:").await.unwrap();
+        sqlx::raw_sql(
+            "CREATE TABLE ledger (id INTEGER PRIMARY KEY, order_no TEXT NOT NULL UNIQUE, delta INTEGER NOT NULL)",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        returning_story(
+            &pool,
+            "INSERT INTO ledger (order_no, delta) VALUES (?1, ?2)",
+        )
+        .await;
+        // `*` and an `INSERT … SELECT`.
+        let all = InsertOnce::<sqlx::Sqlite>::new(
+            "test.select",
+            "INSERT INTO ledger (order_no, delta) SELECT ?1, ?2",
+            &["order_no"],
+        )
+        .unwrap()
+        .returning(&["*"])
+        .unwrap();
+        let row: Found<(i64, String, i64)> =
+            all.run(&pool, |q| q.bind("A-1").bind(0i64)).await.unwrap();
+        assert!(
+            matches!(row, Found::Existing((_, ref no, -2)) if no == "A-1"),
+            "{row:?}"
+        );
+    });
+    assert_eq!(conflicts(&counts, "test.returning"), 2);
+    assert_eq!(conflicts(&counts, "test.select"), 1);
+}
+
+/// What `returning` cannot read back is refused when it is made, not when
+/// it runs.
+#[test]
+fn returning_refuses_what_it_cannot_read_back() {
+    type S = InsertOnce<sqlx::Sqlite>;
+    let make = |insert: &str, on: &[&str], columns: &[&str]| {
+        S::new("s", insert, on).and_then(|i| i.returning(columns))
+    };
+    let values = "INSERT INTO t (a, b) VALUES (?1, ?2)";
+    assert!(make(values, &["a"], &["id"]).is_ok());
+    for (insert, on, columns) in [
+        (values, &["c"][..], &["id"][..]), // the key is not inserted
+        (values, &["a"], &[]),
+        (values, &["a"], &["id; DROP TABLE t"]),
+        ("INSERT INTO t VALUES (?1, ?2)", &["a"], &["id"]),
+        (
+            "INSERT INTO t (a, b) VALUES (?1, ?2), (?3, ?4)",
+            &["a"],
+            &["id"],
+        ),
+    ] {
+        assert!(
+            make(insert, on, columns).is_err(),
+            "{insert} {on:?} {columns:?}"
+        );
+    }
+}
+
+/// Another unique key than the conflict target still fails loudly.
+#[tokio::test]
+async fn sqlite_returning_on_another_key_fails() {
+    let pool = SqlitePool::connect("sqlite::memory:").await.unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE t (id INTEGER PRIMARY KEY, order_no TEXT NOT NULL UNIQUE, ref TEXT NOT NULL UNIQUE)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let ins = InsertOnce::<sqlx::Sqlite>::new(
+        "test.other",
+        "INSERT INTO t (order_no, ref) VALUES (?1, ?2)",
+        &["order_no"],
+    )
+    .unwrap()
+    .returning(&["id"])
+    .unwrap();
+    let new: Found<(i64,)> = ins.run(&pool, |q| q.bind("A").bind("r1")).await.unwrap();
+    assert!(new.is_new());
+    let err = ins
+        .run::<_, (i64,), _>(&pool, |q| q.bind("B").bind("r1"))
+        .await
+        .unwrap_err();
+    assert!(err.as_database_error().is_some(), "{err}");
+}
+
+#[test]
+fn postgres_returning_hands_back_the_row_new_or_existing() {
+    let counts = with_metrics(|| async {
+        let Some(schema) = pg_schema().await else {
+            return;
+        };
+        returning_story(
+            &schema.pool,
+            "INSERT INTO ledger (order_no, delta) VALUES ($1, $2)",
+        )
+        .await;
+        schema.drop().await;
+    });
+    if services::required() || conflicts(&counts, "test.returning") > 0 {
+        assert_eq!(conflicts(&counts, "test.returning"), 2);
+    }
+}
+
+/// Sixteen concurrent calls for one key: one new row, and every call hands
+/// back that row.
+async fn concurrent_returning<DB>(pool: &sqlx::Pool<DB>, insert: &str)
+where
+    DB: UniqueDialect,
+    for<'c> &'c mut <DB as Database>::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> <DB as Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB> + Clone,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'r> (i64, i64): sqlx::FromRow<'r, <DB as Database>::Row>,
+{
+    let ledger = ledger_returning::<DB>(insert, "test.race");
+    let runs = (0..16i64).map(|i| {
+        let ledger = &ledger;
+        async move {
+            ledger
+                .run::<_, (i64, i64), _>(pool, |q| q.bind("R-1").bind(-i))
+                .await
+                .unwrap()
+        }
+    });
+    let found = futures_util::future::join_all(runs).await;
+    assert_eq!(found.iter().filter(|f| f.is_new()).count(), 1, "{found:?}");
+    let winner = found.iter().find(|f| f.is_new()).unwrap().row();
+    assert!(found.iter().all(|f| f.row() == winner), "{found:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_concurrent_returning_one_row() {
+    let Some(schema) = pg_schema().await else {
+        return;
+    };
+    concurrent_returning(
+        &schema.pool,
+        "INSERT INTO ledger (order_no, delta) VALUES ($1, $2)",
+    )
+    .await;
+    schema.drop().await;
+}
+
+/// READ COMMITTED: the insert waits on another transaction's uncommitted
+/// insert of the key. Committed, its row is the one handed back (the read is
+/// a new statement, so it sees it); rolled back, the call's own row is new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_returning_waits_on_an_uncommitted_insert() {
+    let Some(schema) = pg_schema().await else {
+        return;
+    };
+    for commit in [true, false] {
+        let no = if commit { "W-commit" } else { "W-rollback" };
+        let mut other = schema.pool.begin().await.unwrap();
+        let theirs: i64 =
+            sqlx::query_scalar("INSERT INTO ledger (order_no, delta) VALUES ($1, 9) RETURNING id")
+                .bind(no)
+                .fetch_one(&mut *other)
+                .await
+                .unwrap();
+        let call = tokio::spawn({
+            let pool = schema.pool.clone();
+            async move {
+                let ledger = ledger_returning::<sqlx::Postgres>(
+                    "INSERT INTO ledger (order_no, delta) VALUES ($1, $2)",
+                    "test.wait",
+                );
+                ledger
+                    .run::<_, (i64, i64), _>(&pool, |q| q.bind(no).bind(1i64))
+                    .await
+                    .unwrap()
+            }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(!call.is_finished(), "the insert did not wait");
+        if commit {
+            other.commit().await.unwrap();
+            assert_eq!(call.await.unwrap(), Found::Existing((theirs, 9)));
+        } else {
+            other.rollback().await.unwrap();
+            let found = call.await.unwrap();
+            assert!(matches!(found, Found::New((_, 1))), "{found:?}");
+        }
+    }
+    schema.drop().await;
+}
+
+/// REPEATABLE READ: a conflict with a row committed after the snapshot is
+/// PostgreSQL's serialization failure (40001), from the insert itself.
+#[tokio::test]
+async fn postgres_returning_under_repeatable_read_fails_to_serialize() {
+    let Some(schema) = pg_schema().await else {
+        return;
+    };
+    let mut tx = schema.pool.begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap(); // the snapshot
+    sqlx::query("INSERT INTO ledger (order_no, delta) VALUES ('RR-1', 9)")
+        .execute(&schema.pool)
+        .await
+        .unwrap();
+    let ledger = ledger_returning::<sqlx::Postgres>(
+        "INSERT INTO ledger (order_no, delta) VALUES ($1, $2)",
+        "test.rr",
+    );
+    let err = ledger
+        .run::<_, (i64, i64), _>(&mut tx, |q| q.bind("RR-1").bind(1i64))
+        .await
+        .unwrap_err();
+    let code = err.as_database_error().and_then(|e| e.code());
+    assert_eq!(code.as_deref(), Some("40001"), "{err}");
+    drop(tx);
+    schema.drop().await;
+}
+
+/// A pool of one connection through a TCP proxy that holds the read of the
+/// row (its statement names `idem_inserted`) until released.
+async fn held_read<DB: Database>(
+    upstream: String,
+    connect: impl AsyncFnOnce(u16) -> sqlx::Pool<DB>,
+) -> (idem_tests::proxy::Proxy, sqlx::Pool<DB>) {
+    let proxy = idem_tests::proxy::Proxy::start(upstream).await;
+    let pool = connect(proxy.port()).await;
+    proxy.hold_requests_with(b"idem_inserted");
+    (proxy, pool)
+}
+
+/// The row the insert met is deleted (and committed) before the read: the
+/// call inserts again, and its row is new.
+async fn deleted_between_insert_and_read<DB>(
+    proxy: &idem_tests::proxy::Proxy,
+    through_proxy: &sqlx::Pool<DB>,
+    direct: &sqlx::Pool<DB>,
+    insert: &str,
+    delete: &str,
+) where
+    DB: UniqueDialect,
+    for<'c> &'c mut <DB as Database>::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    for<'q> <DB as Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB> + Clone,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'r> (i64, i64): sqlx::FromRow<'r, <DB as Database>::Row>,
+{
+    let ledger = ledger_returning::<DB>(insert, "test.vanish");
+    let before: Found<(i64, i64)> = ledger
+        .run(direct, |q| q.bind("V-1").bind(-7i64))
+        .await
+        .unwrap();
+    assert!(before.is_new());
+    let call = ledger.run::<_, (i64, i64), _>(through_proxy, |q| q.bind("V-1").bind(-1i64));
+    let delete = async {
+        proxy.request_held().await; // the insert met the row; the read waits
+        sqlx::query(delete).execute(direct).await.unwrap();
+        proxy.release_requests();
+    };
+    let (found, ()) = tokio::join!(call, delete);
+    let found = found.unwrap();
+    assert!(
+        matches!(found, Found::New((id, -1)) if id != before.row().0),
+        "{found:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_returning_a_row_deleted_before_the_read_is_inserted_again() {
+    let Some(schema) = pg_schema().await else {
+        return;
+    };
+    let options = PgConnectOptions::from_str(&services::postgres_url())
+        .unwrap()
+        .options([("search_path", schema.name.as_str())]);
+    let upstream = format!("{}:{}", options.get_host(), options.get_port());
+    let (proxy, pool) = held_read(upstream, async |port| {
+        PgPoolOptions::new()
+            .max_connections(1)
+            .test_before_acquire(false)
+            .connect_with(options.port(port))
+            .await
+            .unwrap()
+    })
+    .await;
+    deleted_between_insert_and_read(
+        &proxy,
+        &pool,
+        &schema.pool,
+        "INSERT INTO ledger (order_no, delta) VALUES ($1, $2)",
+        "DELETE FROM ledger WHERE order_no = 'V-1'",
+    )
+    .await;
+    pool.close().await;
+    schema.drop().await;
+}
+
+#[test]
+fn mysql_returning_hands_back_the_row_new_or_existing() {
+    let counts = with_metrics(|| async {
+        let Some(db) = mysql_db().await else { return };
+        returning_story(
+            &db.pool,
+            "INSERT INTO ledger (order_no, delta) VALUES (?, ?)",
+        )
+        .await;
+        db.drop().await;
+    });
+    if services::required() || conflicts(&counts, "test.returning") > 0 {
+        assert_eq!(conflicts(&counts, "test.returning"), 2);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_concurrent_returning_one_row() {
+    let Some(db) = mysql_db().await else { return };
+    concurrent_returning(
+        &db.pool,
+        "INSERT INTO ledger (order_no, delta) VALUES (?, ?)",
+    )
+    .await;
+    db.drop().await;
+}
+
+/// InnoDB's REPEATABLE READ (its default): a transaction whose snapshot is
+/// older than the row the insert met still gets that row (a plain read would
+/// see the snapshot, without it).
+#[tokio::test]
+async fn mysql_returning_reads_past_the_transactions_snapshot() {
+    let Some(db) = mysql_db().await else { return };
+    let mut tx = db.pool.begin().await.unwrap();
+    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM ledger")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap(); // the snapshot
+    assert_eq!(n, 0);
+    sqlx::query("INSERT INTO ledger (order_no, delta) VALUES ('RR-1', 9)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let theirs: i64 = sqlx::query_scalar("SELECT id FROM ledger WHERE order_no = 'RR-1'")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let ledger = ledger_returning::<sqlx::MySql>(
+        "INSERT INTO ledger (order_no, delta) VALUES (?, ?)",
+        "test.rr",
+    );
+    let found: Found<(i64, i64)> = ledger
+        .run(&mut tx, |q| q.bind("RR-1").bind(1i64))
+        .await
+        .unwrap();
+    assert_eq!(found, Found::Existing((theirs, 9)));
+    tx.commit().await.unwrap();
+    db.drop().await;
+}
+
+/// MySQL has no conflict target: a duplicate on another unique key is
+/// "already done" to the insert, but no row holds the conflict key's values,
+/// so the call fails rather than hand back another row, and writes nothing.
+#[tokio::test]
+async fn mysql_returning_on_another_key_fails_without_writing() {
+    let Some(db) = mysql_db().await else { return };
+    sqlx::raw_sql(
+        "CREATE TABLE two_keys (id BIGINT AUTO_INCREMENT PRIMARY KEY, order_no VARCHAR(32) NOT NULL UNIQUE, ref VARCHAR(32) NOT NULL UNIQUE)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let ins = InsertOnce::<sqlx::MySql>::new(
+        "test.other",
+        "INSERT INTO two_keys (order_no, ref) VALUES (?, ?)",
+        &["order_no"],
+    )
+    .unwrap()
+    .returning(&["id", "ref"])
+    .unwrap();
+    let first: Found<(i64, String)> = ins.run(&db.pool, |q| q.bind("A").bind("r1")).await.unwrap();
+    assert!(first.is_new());
+    let err = ins
+        .run::<_, (i64, String), _>(&db.pool, |q| q.bind("B").bind("r1"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, sqlx::Error::RowNotFound), "{err}");
+    let rows: Vec<(String, String)> = sqlx::query_as("SELECT order_no, ref FROM two_keys")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, [("A".to_owned(), "r1".to_owned())]);
+    db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_returning_a_row_deleted_before_the_read_is_inserted_again() {
+    let Some(db) = mysql_db().await else { return };
+    let options = MySqlConnectOptions::from_str(&services::mysql_url())
+        .unwrap()
+        .database(&db.name);
+    let upstream = format!("{}:{}", options.get_host(), options.get_port());
+    let (proxy, pool) = held_read(upstream, async |port| {
+        MySqlPoolOptions::new()
+            .max_connections(1)
+            .test_before_acquire(false)
+            .connect_with(options.port(port))
+            .await
+            .unwrap()
+    })
+    .await;
+    deleted_between_insert_and_read(
+        &proxy,
+        &pool,
+        &db.pool,
+        "INSERT INTO ledger (order_no, delta) VALUES (?, ?)",
+        "DELETE FROM ledger WHERE order_no = 'V-1'",
+    )
+    .await;
+    pool.close().await;
     db.drop().await;
 }

@@ -12,21 +12,24 @@
 //!   `ON DUPLICATE KEY UPDATE` on MySQL) and says whether the row was new.
 //!   Never `INSERT IGNORE`, which also turns truncation and other data errors
 //!   into warnings, and never a caught unique violation, which on PostgreSQL
-//!   aborts the surrounding transaction.
+//!   aborts the surrounding transaction. [`InsertOnce::returning`] makes it an
+//!   [`InsertReturning`], which hands back the row's columns, the new row's or
+//!   the one already there ([`Found`]), for the step that must find its own
+//!   row when it runs again.
 //! - [`Transition`]: the state-machine guard
 //!   `UPDATE t SET status = to WHERE id = … AND status = from`; zero rows means
 //!   the row had already moved.
 //!
-//! Both count every "already done" answer as
+//! All count every "already done" answer as
 //! `idem_unique_conflicts_total{scope}`. Next to
 //! `idem_calls_total{outcome="replayed"}` it is one dashboard: replays are the
 //! duplicates idem caught, conflicts the ones that got past it to the
 //! database. Conflicts rising while replays do not means the keys or the store
 //! are not doing their job.
 //!
-//! Both take any sqlx executor: a pool, a connection, or `&mut *tx` inside
-//! the caller's transaction (they never raise an error on a duplicate, so the
-//! transaction stays usable).
+//! All take a pool, a connection, or the caller's transaction (`&mut *tx`;
+//! [`InsertReturning`], which runs two statements, also `&mut tx`): they never
+//! raise an error on a duplicate, so the transaction stays usable.
 //!
 //! ```
 //! # #[cfg(all(feature = "sqlite", feature = "postgres"))] mod doc {
@@ -55,6 +58,9 @@
 
 use std::marker::PhantomData;
 
+mod returning;
+pub use returning::{Found, InsertReturning};
+
 use sqlx::query::Query;
 use sqlx::{Database, Encode, Executor, IntoArguments, Type};
 
@@ -80,6 +86,13 @@ pub trait UniqueDialect: Database + sealed::Sealed {
     fn inserted(result: &Self::QueryResult) -> bool;
     #[doc(hidden)]
     fn rows(result: &Self::QueryResult) -> u64;
+    /// The clause that makes the insert return the new row, where there is
+    /// one.
+    #[doc(hidden)]
+    fn returning_clause(columns: &str) -> Option<String>;
+    /// How the read of an existing row locks it.
+    #[doc(hidden)]
+    fn locking_read() -> &'static str;
 }
 
 #[cfg(feature = "sqlite")]
@@ -100,6 +113,13 @@ impl UniqueDialect for sqlx::Sqlite {
     fn rows(result: &Self::QueryResult) -> u64 {
         result.rows_affected()
     }
+    fn returning_clause(columns: &str) -> Option<String> {
+        Some(format!(" RETURNING {columns}"))
+    }
+    fn locking_read() -> &'static str {
+        // The insert took the database's write lock: nothing to add.
+        ""
+    }
 }
 
 #[cfg(feature = "postgres")]
@@ -119,6 +139,16 @@ impl UniqueDialect for sqlx::Postgres {
     }
     fn rows(result: &Self::QueryResult) -> u64 {
         result.rows_affected()
+    }
+    fn returning_clause(columns: &str) -> Option<String> {
+        Some(format!(" RETURNING {columns}"))
+    }
+    fn locking_read() -> &'static str {
+        // The weakest lock that keeps the row from being deleted until the
+        // caller's transaction ends (what a foreign key takes); under READ
+        // COMMITTED a row deleted meanwhile is not read, and the insert runs
+        // again.
+        " FOR KEY SHARE"
     }
 }
 
@@ -150,6 +180,18 @@ impl UniqueDialect for sqlx::MySql {
     }
     fn rows(result: &Self::QueryResult) -> u64 {
         result.rows_affected()
+    }
+    fn returning_clause(_: &str) -> Option<String> {
+        // MariaDB's `INSERT … RETURNING` is not MySQL's: the row is read
+        // after the insert, new or not.
+        None
+    }
+    fn locking_read() -> &'static str {
+        // A locking read sees the latest committed row; a plain one inside a
+        // REPEATABLE READ transaction sees its snapshot, which misses a row
+        // committed after it was taken (the duplicate the insert just met).
+        // Both MySQL and MariaDB spell it so.
+        " LOCK IN SHARE MODE"
     }
 }
 
@@ -198,6 +240,9 @@ fn identifier(what: &str, name: &str) -> Result<(), sqlx::Error> {
 pub struct InsertOnce<DB> {
     scope: String,
     sql: String,
+    /// The statement as given, for [`InsertOnce::returning`].
+    insert: String,
+    conflict_on: Vec<String>,
     _db: PhantomData<fn() -> DB>,
 }
 
@@ -243,6 +288,8 @@ impl<DB: UniqueDialect> InsertOnce<DB> {
         Ok(InsertOnce {
             scope: scope.to_owned(),
             sql: format!("{trimmed}{}", DB::conflict_clause(conflict_on)),
+            insert: trimmed.to_owned(),
+            conflict_on: conflict_on.iter().map(|c| (*c).to_owned()).collect(),
             _db: PhantomData,
         })
     }
