@@ -131,11 +131,13 @@ struct Series {
     points: Vec<Option<Point>>,
 }
 
-/// A goal or a bound, drawn dashed over the groups it applies to.
+/// A goal or a bound, drawn dashed over the groups it applies to: across
+/// the whole group, or over one series' bar (`over`).
 struct Mark {
     name: String,
     values: Vec<Option<f64>>,
     color: RGBColor,
+    over: Option<usize>,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -333,8 +335,15 @@ fn render(chart: &Chart, dir: &Path) -> Result<bool, BoxError> {
         let color = mark.color;
         c.draw_series(mark.values.iter().enumerate().filter_map(|(g, v)| {
             let v = (*v)?;
+            let (x0, x1) = match mark.over {
+                Some(s) => {
+                    let x0 = g as f64 + 0.1 + s as f64 * slot;
+                    (x0 - slot * 0.08, x0 + slot * 1.08)
+                }
+                None => (g as f64 + 0.04, g as f64 + 0.96),
+            };
             Some(DashedPathElement::new(
-                vec![(at(g as f64 + 0.04), v), (at(g as f64 + 0.96), v)],
+                vec![(at(x0), v), (at(x1), v)],
                 6,
                 4,
                 color.stroke_width(2),
@@ -415,6 +424,7 @@ fn overhead_redis(
         name: "the reference flow (1.0)".into(),
         values: cells.iter().map(|_| Some(1.0)).collect(),
         color: BOUND,
+        over: None,
     }];
     if let Some(goals) = goals {
         marks.push(Mark {
@@ -427,6 +437,7 @@ fn overhead_redis(
                 })
                 .collect(),
             color: GOAL,
+            over: Some(0),
         });
     }
     Some(Chart {
@@ -486,6 +497,7 @@ fn overhead_sql(d: &Data) -> Option<Chart> {
                     .map(|(_, _, _, db)| Some(if *db == "PostgreSQL" { 0.8 } else { 4.0 / 6.0 }))
                     .collect(),
                 color: BOUND,
+                over: Some(0),
             },
             Mark {
                 name: "issue 35's goal for tx = tx on PostgreSQL (0.75)".into(),
@@ -494,6 +506,7 @@ fn overhead_sql(d: &Data) -> Option<Chart> {
                     .map(|(_, _, _, db)| (*db == "PostgreSQL").then_some(0.75))
                     .collect(),
                 color: GOAL,
+                over: Some(0),
             },
         ],
     })
@@ -526,6 +539,7 @@ fn http(d: &Data) -> Option<Chart> {
             name: "issue 35's goal, first execution on memory (0.9)".into(),
             values: groups.iter().map(|_| Some(0.9)).collect(),
             color: GOAL,
+            over: Some(0),
         }],
     })
 }
@@ -572,6 +586,7 @@ fn consumers(d: &Data) -> Option<Chart> {
             name: "goal (0.8)".into(),
             values: cells.iter().map(|_| Some(0.8)).collect(),
             color: GOAL,
+            over: Some(0),
         }],
     })
 }
@@ -601,6 +616,7 @@ fn outbox_write(d: &Data) -> Option<Chart> {
             name: "issue 35's goal for put (0.8)".into(),
             values: cs().iter().map(|_| Some(0.8)).collect(),
             color: GOAL,
+            over: Some(0),
         }],
     })
 }
@@ -631,6 +647,7 @@ fn outbox_relay(d: &Data) -> Option<Chart> {
                 .map(|s| s.starts_with("Kafka").then_some(10_000.0))
                 .collect(),
             color: GOAL,
+            over: Some(0),
         }],
     })
 }
@@ -672,6 +689,7 @@ fn hot_path(d: &Data) -> Option<Chart> {
                     .map(|b| (b.0 == "key/3 fields").then_some(300.0))
                     .collect(),
                 color: GOAL,
+                over: Some(0),
             },
             Mark {
                 name: "goal: #[idempotent] ≤ 700 ns over the bare call".into(),
@@ -684,6 +702,7 @@ fn hot_path(d: &Data) -> Option<Chart> {
                     })
                     .collect(),
                 color: GOAL,
+                over: Some(0),
             },
         ],
     })
