@@ -25,7 +25,12 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 /// The Markdown files at the root whose ```rust blocks must be compiled code.
-const MARKDOWN: [&str; 4] = ["README.md", "ARCHITECTURE.md", "BENCHMARKS.md", "CHANGELOG.md"];
+const MARKDOWN: [&str; 4] = [
+    "README.md",
+    "ARCHITECTURE.md",
+    "BENCHMARKS.md",
+    "CHANGELOG.md",
+];
 
 /// A ```rust block of a Markdown file.
 struct Block {
@@ -243,7 +248,10 @@ fn units(root: &Path) -> Vec<Unit> {
     if let Ok(pages) = fs::read_dir(root.join("idem-runtime/guide")) {
         let mut pages: Vec<PathBuf> = pages.map(|e| e.expect("read_dir").path()).collect();
         pages.sort();
-        for page in pages.into_iter().filter(|p| p.extension().is_some_and(|e| e == "md")) {
+        for page in pages
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        {
             let text = fs::read_to_string(&page).expect("read a guide page");
             let as_doc: String = text.lines().map(|l| format!("//! {l}\n")).collect();
             units.extend(rustdoc_units(&page, &as_doc));
@@ -342,10 +350,7 @@ fn check(root: &Path, block: &Block, units: &[Unit]) -> Option<String> {
     match best {
         None => {
             let (n, line) = &want[0];
-            let _ = writeln!(
-                msg,
-                "  its first line matches nowhere: {file}:{n}: {line}"
-            );
+            let _ = writeln!(msg, "  its first line matches nowhere: {file}:{n}: {line}");
             // Where does the longest run of its later lines sit?
             // Runs of one line (a lone `}`) say nothing.
             if let Some((from, b)) = (1..want.len())
@@ -398,7 +403,8 @@ fn every_rust_block_of_the_markdown_files_is_compiled() {
     let mut errors = Vec::new();
     let mut readme_blocks = 0;
     for file in MARKDOWN {
-        let text = fs::read_to_string(root.join(file)).unwrap_or_else(|e| panic!("read {file}: {e}"));
+        let text =
+            fs::read_to_string(root.join(file)).unwrap_or_else(|e| panic!("read {file}: {e}"));
         let (blocks, marker_errors) = markdown_blocks(file, &text);
         errors.extend(marker_errors);
         if file == "README.md" {

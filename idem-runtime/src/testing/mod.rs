@@ -279,6 +279,8 @@ where
 
     /// Runs the clean call, then every schedule, and reports.
     pub async fn run(self) -> Report {
+        // The trace names keys by their call or step only while this runs.
+        let _names = crate::protocol::labels::listen();
         self.explore().await
     }
 }
