@@ -582,6 +582,47 @@ fn returning_refuses_what_it_cannot_read_back() {
     }
 }
 
+/// SQLite has one writer: a call waits for the writer holding the database's
+/// lock (`busy_timeout`), then meets its committed row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_returning_waits_for_the_writer_then_finds_its_row() {
+    let path = std::env::temp_dir().join(format!("{}.db", random_name("idem_unique")));
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true);
+    let pool = SqlitePool::connect_with(options).await.unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE ledger (id INTEGER PRIMARY KEY, order_no TEXT NOT NULL UNIQUE, delta INTEGER NOT NULL)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut other = pool.begin().await.unwrap();
+    let theirs: i64 =
+        sqlx::query_scalar("INSERT INTO ledger (order_no, delta) VALUES ('W-1', 9) RETURNING id")
+            .fetch_one(&mut *other)
+            .await
+            .unwrap();
+    let call = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            ledger_returning::<sqlx::Sqlite>(
+                "INSERT INTO ledger (order_no, delta) VALUES (?1, ?2)",
+                "test.wait",
+            )
+            .run::<_, (i64, i64), _>(&pool, |q| q.bind("W-1").bind(1i64))
+            .await
+            .unwrap()
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!call.is_finished(), "the insert did not wait");
+    other.commit().await.unwrap();
+    assert_eq!(call.await.unwrap(), Found::Existing((theirs, 9)));
+    pool.close().await;
+    let _ = std::fs::remove_file(&path);
+}
+
 /// Another unique key than the conflict target still fails loudly.
 #[tokio::test]
 async fn sqlite_returning_on_another_key_fails() {

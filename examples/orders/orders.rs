@@ -21,7 +21,7 @@ use idem_runtime::outbox::sink::{MemorySink, Sink};
 use idem_runtime::outbox::{self, Message, Outgoing, Relay};
 use idem_runtime::store::sql::SqliteStore;
 use idem_runtime::store::{AsStore, StoreRef};
-use idem_runtime::unique::InsertOnce;
+use idem_runtime::unique::{Found, InsertOnce};
 use idem_runtime::{ManualClock, idempotent, step};
 use serde::{Deserialize, Serialize};
 use sqlx::{Sqlite, SqlitePool};
@@ -166,26 +166,24 @@ impl OrderService {
     // (and its message, committed with it) and returns it.
     #[step("insert_order")]
     async fn insert_order(&self, req: &CreateOrder) -> Result<i64, AppError> {
+        let order = InsertOnce::<Sqlite>::new(
+            "orders.create",
+            "INSERT INTO orders (user_id, client_order_no, sku, qty) VALUES (?1, ?2, ?3, ?4)",
+            &["user_id", "client_order_no"],
+        )?
+        .returning(&["id"])?;
         let mut tx = self.db().begin().await?;
-        let inserted: Option<i64> = sqlx::query_scalar(
-            "INSERT INTO orders (user_id, client_order_no, sku, qty) VALUES (?1, ?2, ?3, ?4) \
-             ON CONFLICT (user_id, client_order_no) DO NOTHING RETURNING id",
-        )
-        .bind(req.user_id)
-        .bind(&req.client_order_no)
-        .bind(&req.sku)
-        .bind(req.qty)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(id) = inserted else {
-            let id = sqlx::query_scalar(
-                "SELECT id FROM orders WHERE user_id = ?1 AND client_order_no = ?2",
-            )
-            .bind(req.user_id)
-            .bind(&req.client_order_no)
-            .fetch_one(&mut *tx)
+        let found = order
+            .run(&mut tx, |q| {
+                q.bind(req.user_id)
+                    .bind(&req.client_order_no)
+                    .bind(&req.sku)
+                    .bind(req.qty)
+            })
             .await?;
-            return Ok(id);
+        let id = match found {
+            Found::New((id,)) => id,
+            Found::Existing((id,)) => return Ok(id),
         };
         let created = OrderCreated {
             order_id: id,

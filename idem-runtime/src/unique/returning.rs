@@ -2,6 +2,8 @@
 
 use std::marker::PhantomData;
 
+use futures_util::future::BoxFuture;
+
 use sqlx::query::Query;
 use sqlx::{Acquire, Database, Execute, Executor, FromRow, IntoArguments};
 
@@ -279,58 +281,69 @@ impl<DB: UniqueDialect> InsertReturning<DB> {
     /// # Ok::<(), sqlx::Error>(())
     /// # }).unwrap();
     /// ```
-    pub async fn run<'q, 'a, A, T, F>(&'q self, conn: A, bind: F) -> Result<Found<T>, sqlx::Error>
+    pub fn run<'q, 'a, A, T, F>(
+        &'q self,
+        conn: A,
+        bind: F,
+    ) -> BoxFuture<'q, Result<Found<T>, sqlx::Error>>
     where
-        A: Acquire<'a, Database = DB>,
+        'a: 'q,
+        A: Acquire<'a, Database = DB> + Send + 'q,
         F: FnOnce(
             Query<'q, DB, <DB as Database>::Arguments<'q>>,
         ) -> Query<'q, DB, <DB as Database>::Arguments<'q>>,
         <DB as Database>::Arguments<'q>: IntoArguments<'q, DB> + Clone,
         for<'c> &'c mut <DB as Database>::Connection: Executor<'c, Database = DB>,
-        T: for<'r> FromRow<'r, <DB as Database>::Row> + Send + Unpin,
+        T: for<'r> FromRow<'r, <DB as Database>::Row> + Send + Unpin + 'q,
     {
         // The insert and the read take the same arguments: bound once, each
         // statement gets a copy.
         let args = bind(sqlx::query(&self.insert))
             .take_arguments()
-            .map_err(sqlx::Error::Encode)?
-            .unwrap_or_default();
-        let mut conn = conn.acquire().await?;
-        for _ in 0..ROUNDS {
-            let new = if self.returns_new {
-                let row = sqlx::query_with(&self.insert, args.clone())
+            .map(Option::unwrap_or_default);
+        // Boxed: the future of a generic `async fn` with these higher-ranked
+        // bounds is one rustc cannot prove `Send` inside a caller's own
+        // future (an `#[idempotent]` or `#[step]` body), where a box of a
+        // `Send` future is plainly `Send`.
+        Box::pin(async move {
+            let args = args.map_err(sqlx::Error::Encode)?;
+            let mut conn = conn.acquire().await?;
+            for _ in 0..ROUNDS {
+                let new = if self.returns_new {
+                    let row = sqlx::query_with(&self.insert, args.clone())
+                        .fetch_optional(&mut *conn)
+                        .await?;
+                    if let Some(row) = row {
+                        return Ok(Found::New(T::from_row(&row)?));
+                    }
+                    false
+                } else {
+                    let done = sqlx::query_with(&self.insert, args.clone())
+                        .execute(&mut *conn)
+                        .await?;
+                    DB::inserted(&done)
+                };
+                let row = sqlx::query_with(&self.lookup, args.clone())
                     .fetch_optional(&mut *conn)
                     .await?;
                 if let Some(row) = row {
-                    return Ok(Found::New(T::from_row(&row)?));
+                    let row = T::from_row(&row)?;
+                    if new {
+                        return Ok(Found::New(row));
+                    }
+                    conflict(&self.scope);
+                    return Ok(Found::Existing(row));
                 }
-                false
-            } else {
-                let done = sqlx::query_with(&self.insert, args.clone())
-                    .execute(&mut *conn)
-                    .await?;
-                DB::inserted(&done)
-            };
-            let row = sqlx::query_with(&self.lookup, args.clone())
-                .fetch_optional(&mut *conn)
-                .await?;
-            if let Some(row) = row {
-                let row = T::from_row(&row)?;
-                if new {
-                    return Ok(Found::New(row));
-                }
-                conflict(&self.scope);
-                return Ok(Found::Existing(row));
             }
-        }
-        tracing::warn!(
-            scope = %self.scope,
-            rounds = ROUNDS,
-            "the insert met a duplicate but no row holds its key: on MySQL a duplicate \
-             on another unique key of the table (it has no conflict target), or the \
-             row deleted between the insert and the read each time"
-        );
-        Err(sqlx::Error::RowNotFound)
+            tracing::warn!(
+                scope = %self.scope,
+                rounds = ROUNDS,
+                "the insert met a duplicate but no row holds its key: on MySQL a duplicate \
+                 on another unique key of the table (it has no conflict target), or the \
+                 row deleted between the insert and the read each time"
+            );
+            Err(sqlx::Error::RowNotFound)
+        })
     }
 }
 
