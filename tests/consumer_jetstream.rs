@@ -564,3 +564,167 @@ async fn a_parked_copy_is_cut_to_max_payload() {
         ]
     );
 }
+
+// ---- Streams created on request (issue 34, item 6): a row of the table in
+// ---- idem-runtime/src/consumer/jetstream.rs.
+
+/// The subjects a stream captures, as the server has them.
+async fn subjects_of(js: &Context, stream: &str) -> Vec<String> {
+    let stream = js.get_stream(stream).await.unwrap();
+    stream.cached_info().config.subjects.clone()
+}
+
+/// `create_stream` and `create_parking_stream` make the stream and the
+/// parking stream when they are missing, and a park lands in the latter; a
+/// second `connect` uses them as they are. An existing stream whose subjects
+/// do not capture those asked for, a stream that would capture its own
+/// parking subject, and subjects another stream already captures are each an
+/// error naming the problem, and no stream is created or changed.
+#[tokio::test]
+async fn streams_are_created_on_request_and_never_changed() {
+    let url = services::nats_url();
+    let Some(client) = services::reachable("NATS", &url, async_nats::connect(url.as_str()).await)
+    else {
+        return;
+    };
+    let js = jetstream::new(client);
+    let name = format!("IDEM_TEST_{}", suffix().to_uppercase());
+    let subject = format!("idem-test.{name}");
+    let parking = format!("idem-test-parked.{name}");
+    let parked_stream = format!("{name}_PARKED");
+    let other = format!("{name}_OTHER");
+    let builder = |stream: &str, parking: &str, subjects: Vec<String>| {
+        JetStreamSource::builder(stream, "settlement", parking)
+            .ack_wait(Duration::from_secs(2))
+            .create_stream(subjects)
+    };
+
+    let mut source = builder(&name, &parking, vec![format!("{subject}.>")])
+        .create_parking_stream(&parked_stream)
+        .connect(&js)
+        .await
+        .expect("both streams created");
+    assert_eq!(subjects_of(&js, &name).await, [format!("{subject}.>")]);
+    assert_eq!(subjects_of(&js, &parked_stream).await, [parking.clone()]);
+    idem_jetstream::publish_raw(&js, &format!("{subject}.paid"), b"{not json", Some("u-1"))
+        .await
+        .unwrap();
+    let answers = process_next(&mut source, &runner(), 1, |_: OrderPaid| async {
+        Ok::<(), std::io::Error>(())
+    })
+    .await;
+    assert!(parked_reason(&answers[0]).starts_with("undecodable"));
+    let parked = idem_jetstream::parked(&js, &parked_stream, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        parked.len(),
+        1,
+        "the park landed in the stream created for it"
+    );
+
+    // Again, and with a narrower subject the stream's `>` captures: used as
+    // they are.
+    let created = js.get_stream(&name).await.unwrap().cached_info().created;
+    for subjects in [
+        vec![format!("{subject}.>")],
+        vec![format!("{subject}.paid")],
+    ] {
+        builder(&name, &parking, subjects)
+            .create_parking_stream(&parked_stream)
+            .connect(&js)
+            .await
+            .expect("an existing compatible stream is used as it is");
+    }
+    let info = js.get_stream(&name).await.unwrap().cached_info().clone();
+    assert_eq!((info.created, info.state.messages), (created, 1));
+    assert_eq!(subjects_of(&js, &name).await, [format!("{subject}.>")]);
+
+    // A stream that exists with other subjects.
+    js.create_stream(stream::Config {
+        name: other.clone(),
+        subjects: vec![format!("idem-test.{other}.a")],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let wanted = format!("idem-test.{other}.b");
+    let err = builder(&other, &format!("{parking}.2"), vec![wanted.clone()])
+        .connect(&js)
+        .await
+        .err()
+        .expect("other subjects are an error");
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("the stream `{other}` exists on the subjects"))
+            && text.contains(&wanted)
+            && text.contains("does not change an existing stream"),
+        "{text}"
+    );
+    assert_eq!(
+        subjects_of(&js, &other).await,
+        [format!("idem-test.{other}.a")]
+    );
+    // Nor is a parking stream that exists on another subject changed.
+    let err = JetStreamSource::builder(&name, "settlement", &format!("{parking}.2"))
+        .create_parking_stream(&parked_stream)
+        .connect(&js)
+        .await
+        .err()
+        .expect("a parking stream on another subject is an error");
+    assert!(err.to_string().contains("do not capture"), "{err}");
+    assert_eq!(subjects_of(&js, &parked_stream).await, [parking.clone()]);
+
+    // A stream that would capture its own parking subject: refused before
+    // anything is created, and refused for an existing one.
+    let selfish = format!("{name}_SELF");
+    let err = builder(
+        &selfish,
+        &format!("idem-test.{selfish}.parked"),
+        vec![format!("idem-test.{selfish}.>")],
+    )
+    .connect(&js)
+    .await
+    .err()
+    .expect("a stream capturing its parking subject is an error");
+    assert!(
+        err.to_string().contains("captures the parking subject"),
+        "{err}"
+    );
+    assert!(js.get_stream(&selfish).await.is_err(), "not created");
+    let err = builder(
+        &name,
+        &format!("{subject}.parked"),
+        vec![format!("{subject}.paid")],
+    )
+    .connect(&js)
+    .await
+    .err()
+    .expect("an existing stream capturing the parking subject is an error");
+    assert!(
+        err.to_string().contains("captures the parking subject"),
+        "{err}"
+    );
+
+    // Subjects another stream already captures: that stream is named.
+    let second = format!("{name}_TWO");
+    let err = builder(
+        &second,
+        &format!("{parking}.3"),
+        vec![format!("{subject}.paid")],
+    )
+    .connect(&js)
+    .await
+    .err()
+    .expect("subjects of another stream are an error");
+    assert!(
+        err.to_string()
+            .contains(&format!("the stream `{name}` already captures")),
+        "{err}"
+    );
+    assert!(js.get_stream(&second).await.is_err(), "not created");
+
+    for stream in [&name, &parked_stream, &other] {
+        let _ = js.delete_stream(stream).await;
+    }
+}

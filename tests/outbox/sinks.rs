@@ -262,6 +262,64 @@ async fn jetstream_stream(js: &jetstream::Context) -> (String, String) {
     (name, subject)
 }
 
+/// `JetStreamSink::create_stream` (issue 34, item 6): the stream is created
+/// when missing and the relay publishes into it; asked again, or for a
+/// subject it already captures, it is used as it is; asked for subjects it
+/// does not capture, it is an error that names them, and the stream keeps
+/// its subjects and its messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jetstream_sink_creates_its_stream_on_request() {
+    let Some(db) = postgres().await else { return };
+    let url = services::nats_url();
+    let Some(client) = services::reachable("NATS", &url, async_nats::connect(url.as_str()).await)
+    else {
+        return;
+    };
+    let js = jetstream::new(client);
+    let name = format!("IDEM_OUTBOX_{}", tag().to_uppercase());
+    let subject = format!("idem-outbox.{name}");
+    let sink = JetStreamSink::new(js.clone())
+        .create_stream(&name, [format!("{subject}.>")])
+        .await
+        .expect("the stream created");
+    let ids: Vec<String> = (0..2).map(|i| format!("{name}-{i}")).collect();
+    write(&db.pool, &format!("{subject}.created"), &ids).await;
+    relay_all(&db.pool, sink, 2).await;
+
+    for subjects in [
+        vec![format!("{subject}.>")],
+        vec![format!("{subject}.created")],
+    ] {
+        JetStreamSink::new(js.clone())
+            .create_stream(&name, subjects)
+            .await
+            .expect("an existing compatible stream is used as it is");
+    }
+    let err = JetStreamSink::new(js.clone())
+        .create_stream(
+            &name,
+            [
+                format!("{subject}.created"),
+                "idem-outbox-elsewhere".to_owned(),
+            ],
+        )
+        .await
+        .err()
+        .expect("a subject the stream does not capture is an error");
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("the stream `{name}` exists on the subjects"))
+            && text.contains("which do not capture [\"idem-outbox-elsewhere\"]"),
+        "{text}"
+    );
+    let mut stream = js.get_stream(&name).await.unwrap();
+    let info = stream.info().await.unwrap();
+    assert_eq!(info.config.subjects, [format!("{subject}.>")]);
+    assert_eq!(info.state.messages, 2);
+    let _ = js.delete_stream(&name).await;
+    db.drop().await;
+}
+
 /// Regression (issue 30, item 3): a batch above async-nats' pending-ack cap
 /// (5 000) waited on permits only acks free: nothing was confirmed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

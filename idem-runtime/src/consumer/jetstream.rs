@@ -11,7 +11,8 @@
 //! - A parked message is published to the parking subject with headers
 //!   `Idem-Reason`, `Idem-Deliveries` and `Idem-Stream`, and then `+TERM`ed.
 //!   Capture that subject in a stream of its own so an operator can read it
-//!   ([`parked`] does). The copy keeps the message's own headers but those
+//!   ([`parked`] does); [`JetStreamBuilder::create_parking_stream`] creates
+//!   one when it is missing. The copy keeps the message's own headers but those
 //!   the server acts on (`Nats-…`, `Nats-Msg-Id` kept); the reason is on one
 //!   line (`\`, CR, LF and other control characters as Rust escapes, which
 //!   [`parked`] reverses) and cut, ending with `…`, where the whole would put
@@ -44,6 +45,8 @@
 //! let js = async_nats::jetstream::new(async_nats::connect("nats://127.0.0.1:4222").await?);
 //! let source = JetStreamSource::builder("ORDERS", "settlement", "orders.parked")
 //!     .ack_wait(Duration::from_secs(30))
+//!     .create_stream(["orders.paid"]) // when missing; an existing one is checked, never changed
+//!     .create_parking_stream("ORDERS_PARKED")
 //!     .connect(&js)
 //!     .await?;
 //! Runner::new().run(source, settle).await;
@@ -67,6 +70,7 @@
 //! | duplicate window (2 min unless the stream says otherwise) | a publish whose `Nats-Msg-Id` it saw inside the window is acked as a duplicate and not stored | a duplicate ack counts as confirmed; past the window the copy is stored and the consumer's record deduplicates | `tests/outbox/sinks.rs::jetstream_drops_a_republish_by_nats_msg_id` |
 //! | publishes awaiting their ack: async-nats' `max_ack_inflight` (5 000) | a publish past it waits for a permit that only an awaited ack frees | the sink keeps at most `max_in_flight` (1 000) unawaited | `tests/outbox/sinks.rs::jetstream_a_batch_over_the_clients_in_flight_cap_is_published` |
 //! | unacked past `ack_wait` | redelivers, counting the delivery (`-NAK` with a delay counts too); `+WPI` restarts the wait | `InProgress` is `+WPI` in slices, not a redelivery; `max_deliver` unlimited, parked at `max_deliveries` | `tests/consumer_jetstream.rs::dead_consumer_is_taken_over`, `tests/consumer_jetstream.rs::in_progress_is_not_a_failure`, `tests/consumer_jetstream.rs::poison_is_parked` |
+//! | streams: one per name, and a subject in one stream only | creating a stream on a subject another captures fails (`subjects overlap with an existing stream`, 10065); creating one whose name is taken with another configuration fails (10058) | only on request (`JetStreamBuilder::create_stream`, `create_parking_stream`, `JetStreamSink::create_stream`): a missing stream is created with the server's defaults; an existing one is used as it is when its subjects capture those asked for (a wider `orders.>` captures `orders.paid`), and otherwise the call fails naming the stream, its subjects and the missing ones, and changes nothing; so does a stream that captures its own parking subject, and another stream already on the subjects is named | `tests/consumer_jetstream.rs::streams_are_created_on_request_and_never_changed`, `tests/outbox/sinks.rs::jetstream_sink_creates_its_stream_on_request` |
 //! | unacked per consumer: `max_ack_pending` (1 000 by default) | stops delivering to the durable, all its pullers together, at that many | not set: a durable `connect` creates gets the server's default, an existing one keeps its own; a runner's concurrency above it never fills. `connect` logs a warning when it is below the batch; set it on the durable at or above concurrency × processes | `tests/consumer_jetstream.rs::the_durables_max_ack_pending_caps_concurrency` (4 under `concurrency(8)`: 4 at once; 8: 8) |
 
 use std::sync::Arc;
@@ -81,6 +85,11 @@ use futures_util::StreamExt;
 use serde::Serialize;
 
 use super::{BrokerError, Delivery, Parked, Source};
+
+mod escape;
+pub(crate) mod streams;
+
+use escape::{escaped, unescaped};
 
 fn broker(e: impl std::error::Error + Send + Sync + 'static) -> BrokerError {
     BrokerError::new("nats", e)
@@ -206,6 +215,10 @@ pub struct JetStreamBuilder {
     parking: String,
     ack_wait: Duration,
     batch: usize,
+    /// The subjects to create the stream on, if asked.
+    create_stream: Option<Vec<String>>,
+    /// The name of the parking stream to create, if asked.
+    parking_stream: Option<String>,
 }
 
 impl JetStreamBuilder {
@@ -228,11 +241,67 @@ impl JetStreamBuilder {
         self
     }
 
-    /// Creates the durable pull consumer if it does not exist, and starts
-    /// pulling. An existing durable keeps its settings; a new one gets the
-    /// server's `max_ack_pending` (1 000 by default). Below the batch, that is
-    /// logged as a warning: no more messages than it are in flight at once.
+    /// Has [`connect`](Self::connect) create the stream, capturing
+    /// `subjects`, when it does not exist (with the server's defaults: file
+    /// storage, limits retention, a 2 minute duplicate window). An existing
+    /// stream is used as it is when its subjects capture these; otherwise,
+    /// or when the stream captures the parking subject (parked copies would
+    /// come back as messages), `connect` fails saying so and changes nothing.
+    ///
+    /// ```no_run
+    /// use idem_runtime::consumer::jetstream::JetStreamSource;
+    ///
+    /// # async fn go() -> Result<(), Box<dyn std::error::Error>> {
+    /// let js = async_nats::jetstream::new(async_nats::connect("nats://127.0.0.1:4222").await?);
+    /// let source = JetStreamSource::builder("ORDERS", "settlement", "parked.orders")
+    ///     .create_stream(["orders.>"])
+    ///     .create_parking_stream("ORDERS_PARKED")
+    ///     .connect(&js)
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn create_stream<S: Into<String>>(mut self, subjects: impl IntoIterator<Item = S>) -> Self {
+        self.create_stream = Some(subjects.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Has [`connect`](Self::connect) create the stream `name` capturing the
+    /// parking subject when it does not exist, so that a park has somewhere
+    /// to go ([`parked`] reads it by this name). An existing stream is used
+    /// as it is when it captures the parking subject; otherwise `connect`
+    /// fails saying so and changes nothing.
+    ///
+    /// ```no_run
+    /// use idem_runtime::consumer::jetstream::{self, JetStreamSource};
+    ///
+    /// # async fn go() -> Result<(), Box<dyn std::error::Error>> {
+    /// let js = async_nats::jetstream::new(async_nats::connect("nats://127.0.0.1:4222").await?);
+    /// let source = JetStreamSource::builder("ORDERS", "settlement", "parked.orders")
+    ///     .create_parking_stream("ORDERS_PARKED")
+    ///     .connect(&js)
+    ///     .await?;
+    /// let parked = jetstream::parked(&js, "ORDERS_PARKED", 10).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn create_parking_stream(mut self, name: &str) -> Self {
+        self.parking_stream = Some(name.to_owned());
+        self
+    }
+
+    /// Creates the streams asked for ([`create_stream`](Self::create_stream),
+    /// [`create_parking_stream`](Self::create_parking_stream)) and the
+    /// durable pull consumer if they do not exist, and starts pulling.
+    /// Without those options, the streams must exist. An existing durable
+    /// keeps its settings; a new one gets the server's `max_ack_pending`
+    /// (1 000 by default). Below the batch, that is logged as a warning: no
+    /// more messages than it are in flight at once.
     pub async fn connect(self, js: &Context) -> Result<JetStreamSource, BrokerError> {
+        if let Some(subjects) = &self.create_stream {
+            streams::ensure(js, &self.stream, subjects, Some(&self.parking)).await?;
+        }
+        if let Some(name) = &self.parking_stream {
+            streams::ensure(js, name, std::slice::from_ref(&self.parking), None).await?;
+        }
         let stream = js.get_stream(&self.stream).await.map_err(broker)?;
         let consumer: async_nats::jetstream::consumer::Consumer<pull::Config> = stream
             .get_or_create_consumer(
@@ -303,6 +372,8 @@ impl JetStreamSource {
             parking: parking_subject.to_owned(),
             ack_wait: Duration::from_secs(30),
             batch: 10,
+            create_stream: None,
+            parking_stream: None,
         }
     }
 }
@@ -517,118 +588,9 @@ fn copy_headers(
     Ok(headers)
 }
 
-/// What ends a cut reason.
-const CUT: &str = "\u{2026}";
-
-/// `text` fit for a header value, which ends at CR or LF, in at most `room`
-/// bytes: `\`, CR, LF, tab and other control characters written as Rust
-/// escapes (`\\`, `\r`, `\n`, `\t`, `\u{7f}`), which [`unescaped`] reverses.
-/// Over `room` it is cut between two characters and ends with `…`.
-fn escaped(text: &str, room: usize) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        escape_into(&mut out, c);
-    }
-    if out.len() <= room {
-        return out;
-    }
-    out.clear();
-    let Some(room) = room.checked_sub(CUT.len()) else {
-        return out;
-    };
-    let mut one = String::new();
-    for c in text.chars() {
-        one.clear();
-        escape_into(&mut one, c);
-        if out.len() + one.len() > room {
-            break;
-        }
-        out.push_str(&one);
-    }
-    out.push_str(CUT);
-    out
-}
-
-fn escape_into(out: &mut String, c: char) {
-    match c {
-        '\\' => out.push_str("\\\\"),
-        '\r' => out.push_str("\\r"),
-        '\n' => out.push_str("\\n"),
-        '\t' => out.push_str("\\t"),
-        c if c.is_control() => {
-            use std::fmt::Write;
-            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
-        }
-        c => out.push(c),
-    }
-}
-
-/// A header value written by [`escaped`], as it was; an escape it does not
-/// write is kept as it is.
-fn unescaped(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    let mut rest = value;
-    while let Some(at) = rest.find('\\') {
-        out.push_str(&rest[..at]);
-        rest = &rest[at..];
-        let (c, len) = match rest.as_bytes().get(1) {
-            Some(b'\\') => (Some('\\'), 2),
-            Some(b'r') => (Some('\r'), 2),
-            Some(b'n') => (Some('\n'), 2),
-            Some(b't') => (Some('\t'), 2),
-            Some(b'u') => match rest[2..].strip_prefix('{').and_then(|r| r.split_once('}')) {
-                Some((hex, _)) => (
-                    u32::from_str_radix(hex, 16).ok().and_then(char::from_u32),
-                    hex.len() + 4,
-                ),
-                None => (None, 1),
-            },
-            _ => (None, 1),
-        };
-        match c {
-            Some(c) => out.push(c),
-            None => out.push_str(&rest[..len]),
-        }
-        rest = &rest[len..];
-    }
-    out.push_str(rest);
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const AWKWARD: &str = "a\nCaused by:\r\n\tb \\n \\u{41} \\ \u{7}\u{7f}\u{85} \u{e9}t\u{e9}";
-
-    #[test]
-    fn a_header_value_is_one_line_and_reads_back_as_written() {
-        let value = escaped(AWKWARD, usize::MAX);
-        assert!(!value.chars().any(char::is_control), "{value}");
-        assert_eq!(unescaped(&value), AWKWARD);
-        assert_eq!(unescaped("a \\q \\u{zz} \\"), "a \\q \\u{zz} \\");
-    }
-
-    #[test]
-    fn a_cut_value_fits_and_ends_between_two_escapes() {
-        let full = escaped(AWKWARD, usize::MAX);
-        assert_eq!(escaped(AWKWARD, full.len()), full);
-        for room in 0..full.len() {
-            let cut = escaped(AWKWARD, room);
-            assert!(cut.len() <= room, "{room}: {cut}");
-            if room >= CUT.len() {
-                let kept = cut.strip_suffix(CUT).expect("marked as cut");
-                assert!(AWKWARD.starts_with(&unescaped(kept)), "{room}: {cut}");
-                // No more left out than the next escape, the longest 6 bytes.
-                assert!(
-                    kept.len() + CUT.len() + "\\u{7f}".len() > room,
-                    "{room}: {cut}"
-                );
-            } else {
-                assert_eq!(cut, "");
-            }
-        }
-    }
 
     #[test]
     fn a_parked_copy_keeps_the_id_and_drops_what_the_server_acts_on() {

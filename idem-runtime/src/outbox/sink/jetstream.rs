@@ -8,16 +8,21 @@ use std::collections::VecDeque;
 
 use super::{Outgoing, Sink};
 use crate::consumer::BrokerError;
+use crate::consumer::jetstream::streams;
 
 /// Publishes each message on the subject named by its topic with
 /// `Nats-Msg-Id` set to the message id, so the stream drops a re-publish
 /// inside its duplicate window (2 minutes unless the stream says otherwise);
-/// confirmed when the stream acked it.
+/// confirmed when the stream acked it. A stream must capture each topic's
+/// subject: [`create_stream`](JetStreamSink::create_stream) creates it when
+/// it does not exist.
 ///
 /// ```no_run
 /// # async fn go() -> Result<(), Box<dyn std::error::Error>> {
 /// let nats = async_nats::connect("127.0.0.1:4222").await?;
-/// let sink = idem_runtime::outbox::sink::JetStreamSink::new(async_nats::jetstream::new(nats));
+/// let sink = idem_runtime::outbox::sink::JetStreamSink::new(async_nats::jetstream::new(nats))
+///     .create_stream("ORDERS", ["orders.>"])
+///     .await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
@@ -54,6 +59,33 @@ impl JetStreamSink {
     pub fn max_in_flight(mut self, n: usize) -> JetStreamSink {
         self.max_in_flight = n.max(1);
         self
+    }
+
+    /// Creates the stream `name`, capturing `subjects`, now if it does not
+    /// exist (with the server's defaults: file storage, limits retention, a
+    /// 2 minute duplicate window). An existing stream is used as it is when
+    /// its subjects capture these; otherwise this fails saying so and
+    /// changes nothing, as it does when another stream already captures
+    /// them (a subject belongs to one stream).
+    ///
+    /// ```no_run
+    /// use idem_runtime::outbox::sink::JetStreamSink;
+    ///
+    /// # async fn go() -> Result<(), Box<dyn std::error::Error>> {
+    /// let nats = async_nats::connect("127.0.0.1:4222").await?;
+    /// let sink = JetStreamSink::new(async_nats::jetstream::new(nats))
+    ///     .create_stream("ORDERS", ["orders.created", "orders.paid"])
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn create_stream<S: Into<String>>(
+        self,
+        name: &str,
+        subjects: impl IntoIterator<Item = S>,
+    ) -> Result<JetStreamSink, BrokerError> {
+        let subjects: Vec<String> = subjects.into_iter().map(Into::into).collect();
+        streams::ensure(&self.js, name, &subjects, None).await?;
+        Ok(self)
     }
 }
 
