@@ -605,7 +605,7 @@ async fn streams_are_created_on_request_and_never_changed() {
         .await
         .expect("both streams created");
     assert_eq!(subjects_of(&js, &name).await, [format!("{subject}.>")]);
-    assert_eq!(subjects_of(&js, &parked_stream).await, [parking.clone()]);
+    assert_eq!(subjects_of(&js, &parked_stream).await, [parking.as_str()]);
     idem_jetstream::publish_raw(&js, &format!("{subject}.paid"), b"{not json", Some("u-1"))
         .await
         .unwrap();
@@ -673,7 +673,7 @@ async fn streams_are_created_on_request_and_never_changed() {
         .err()
         .expect("a parking stream on another subject is an error");
     assert!(err.to_string().contains("do not capture"), "{err}");
-    assert_eq!(subjects_of(&js, &parked_stream).await, [parking.clone()]);
+    assert_eq!(subjects_of(&js, &parked_stream).await, [parking.as_str()]);
 
     // A stream that would capture its own parking subject: refused before
     // anything is created, and refused for an existing one.
