@@ -11,7 +11,7 @@ use http::request::Parts;
 
 use crate::key::{KeyEncoder, KeyPart};
 
-use super::key::KeyRules;
+use super::key::{KeyProblem, KeyRules};
 use super::problem::{NO_CALLER, problem};
 
 /// Who sends a request, for [`IdempotencyKey`]: a tenant, an API key, a
@@ -250,15 +250,17 @@ fn reject(status: StatusCode, detail: &str) -> Response {
     problem(status, detail).map(axum::body::Body::new)
 }
 
-fn key_of(parts: &Parts) -> Result<String, Response> {
+fn key_of(parts: &Parts) -> Result<String, KeyProblem> {
     let rules = parts
         .extensions
         .get::<KeyRules>()
         .copied()
         .unwrap_or_default();
-    rules
-        .from_headers(&parts.headers)
-        .map_err(|e| reject(StatusCode::BAD_REQUEST, &e.to_string()))
+    rules.from_headers(&parts.headers)
+}
+
+fn bad_key(e: KeyProblem) -> Response {
+    reject(StatusCode::BAD_REQUEST, &e.to_string())
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
@@ -274,7 +276,7 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
                 "the server cannot scope idempotency keys to their caller; the request was not processed",
             ));
         };
-        let key = key_of(parts)?;
+        let key = key_of(parts).map_err(bad_key)?;
         let Some(caller) = (caller_of.0)(parts) else {
             return Err(reject(StatusCode::BAD_REQUEST, NO_CALLER));
         };
@@ -295,7 +297,7 @@ where
         let identity = C::from_request_parts(parts, state)
             .await
             .map_err(IntoResponse::into_response)?;
-        let key = key_of(parts)?;
+        let key = key_of(parts).map_err(bad_key)?;
         Ok(IdempotencyKey {
             caller: identity.caller_id(),
             key,
