@@ -20,6 +20,7 @@
 //! | [`consumers`] | the runner and the four brokers |
 //! | [`outbox`] | publishing exactly what committed |
 //! | [`locks`] | locks, and unique constraints as the backstop |
+//! | [`supervisor`] | the relay, the consumers and the recovery worker run together, their health, their shutdown |
 //! | [`testing`] | the explorer: proving your handlers idempotent |
 //! | [`operating`] | the CLI, metrics, spans, troubleshooting |
 //!
@@ -88,6 +89,11 @@ pub mod outbox {}
     doc(cfg(all(feature = "redis", feature = "sqlite", feature = "postgres")))
 )]
 pub mod locks {}
+
+#[doc = include_str!("../guide/supervisor.md")]
+#[cfg(all(feature = "sqlite", feature = "axum"))]
+#[cfg_attr(docsrs, doc(cfg(all(feature = "sqlite", feature = "axum"))))]
+pub mod supervisor {}
 
 #[doc = include_str!("../guide/testing.md")]
 #[cfg(feature = "testing")]

@@ -119,6 +119,7 @@ mod redis_limits;
 mod site;
 mod spec;
 pub mod store;
+pub mod supervisor;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;

@@ -137,6 +137,7 @@ pub mod rabbitmq;
 pub mod redis_streams;
 
 mod delivery;
+mod drive;
 mod envelope;
 mod parked;
 mod runner;

@@ -4,14 +4,11 @@
 use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::Poll;
 use std::time::Duration;
 
-use futures_util::stream::{self, FuturesUnordered};
-use futures_util::{FutureExt, StreamExt};
+use futures_util::FutureExt;
 
 use crate::observe::CallOutcome;
 use crate::protocol::report::{self, Labels, Noted};
@@ -86,7 +83,7 @@ pub struct Runner {
     /// The labels of the last call a delivery reached, for the deliveries
     /// that reach none.
     labels: Arc<Mutex<Labels>>,
-    concurrency: usize,
+    pub(super) concurrency: usize,
     max_deliveries: u32,
     first_backoff: Duration,
     max_backoff: Duration,
@@ -306,6 +303,7 @@ impl Runner {
     /// ones in flight run to their end, each acked if the broker still takes
     /// it, and then the first error is returned. A delivery whose ack fails is
     /// handed out again by the broker, and its record makes that a replay.
+    /// [`Runner::run_until`] also ends, the same way, on a shutdown signal.
     pub async fn run<S, M, T, E, H, Fut>(&self, source: S, handler: H) -> BrokerError
     where
         S: Source,
@@ -315,8 +313,14 @@ impl Runner {
         E: fmt::Debug,
     {
         let handler = &handler;
-        self.drive(source, |delivery| self.process(delivery, handler))
+        let never = std::future::pending::<()>();
+        match self
+            .drive(source, |delivery| self.process(delivery, handler), never)
             .await
+        {
+            Err(e) => e,
+            Ok(()) => unreachable!("a runner without a stop ends only on a broker error"),
+        }
     }
 
     /// [`Runner::run`], with each delivery processed on a tokio task of its
@@ -353,68 +357,12 @@ impl Runner {
         T: Send + 'static,
         E: fmt::Debug + Send + 'static,
     {
-        let handler = Arc::new(handler);
-        self.drive(source, |delivery| {
-            let (runner, handler) = (self.clone(), handler.clone());
-            let task = tokio::spawn(async move { runner.process(delivery, &*handler).await });
-            async move {
-                match task.await {
-                    Ok(done) => done,
-                    Err(e) => match e.try_into_panic() {
-                        Ok(panic) => std::panic::resume_unwind(panic),
-                        // Only a runtime shutting down cancels the task.
-                        Err(e) => Err(BrokerError::new("runner", e)),
-                    },
-                }
-            }
-        })
-        .await
-    }
-
-    /// The loop of `run` and `run_spawned`: takes deliveries while fewer than
-    /// `concurrency` are in flight, each started by `start`.
-    async fn drive<S, F, Fut>(&self, source: S, start: F) -> BrokerError
-    where
-        S: Source,
-        F: Fn(S::Delivery) -> Fut,
-        Fut: Future<Output = Result<Action, BrokerError>>,
-    {
-        // The source as a stream: a `next()` call that is still waiting when a
-        // delivery in flight finishes must be resumed, not dropped (a dropped
-        // XREADGROUP would leave what it read pending on this consumer, to
-        // come back only after `claim_idle`, counted).
-        let mut deliveries = pin!(stream::unfold(source, |mut source| async move {
-            let next = source.next().await;
-            Some((next, source))
-        }));
-        let mut in_flight = FuturesUnordered::new();
-        let mut failed: Option<BrokerError> = None;
-        loop {
-            if in_flight.is_empty() {
-                if let Some(e) = failed.take() {
-                    return e;
-                }
-            }
-            let taking = failed.is_none() && in_flight.len() < self.concurrency;
-            let step = std::future::poll_fn(|cx| {
-                // Finished deliveries first: each frees a slot.
-                if let Poll::Ready(Some(done)) = in_flight.poll_next_unpin(cx) {
-                    return Poll::Ready(Step::Done(done));
-                }
-                if taking {
-                    if let Poll::Ready(Some(next)) = deliveries.poll_next_unpin(cx) {
-                        return Poll::Ready(Step::Next(next));
-                    }
-                }
-                Poll::Pending
-            });
-            match step.await {
-                Step::Next(Ok(delivery)) => in_flight.push(start(delivery)),
-                Step::Next(Err(e)) | Step::Done(Err(e)) => {
-                    failed.get_or_insert(e);
-                }
-                Step::Done(Ok(_)) => {}
-            }
+        match self
+            .spawning(source, handler, std::future::pending::<()>())
+            .await
+        {
+            Err(e) => e,
+            Ok(()) => unreachable!("a runner without a stop ends only on a broker error"),
         }
     }
 
@@ -564,12 +512,6 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
         .copied()
         .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("a panic without a message")
-}
-
-/// What woke [`Runner::run`].
-enum Step<D> {
-    Next(Result<D, BrokerError>),
-    Done(Result<Action, BrokerError>),
 }
 
 #[derive(Debug, PartialEq, Eq)]

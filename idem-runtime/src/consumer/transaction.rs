@@ -116,6 +116,42 @@ impl Runner {
             .await
     }
 
+    /// [`Runner::run_in_tx`] until `stop` completes, as
+    /// [`Runner::run_until`]: the deliveries in flight commit (or roll back)
+    /// and are acked (or redelivered) before it returns `Ok`.
+    ///
+    /// ```no_run
+    /// # use idem_runtime::consumer::{BrokerError, Runner, Source};
+    /// # use sqlx::{Postgres, Transaction};
+    /// # #[derive(serde::Deserialize)] struct OrderPaid { order_id: String }
+    /// # async fn settle(tx: &mut Transaction<'_, Postgres>, e: OrderPaid) -> Result<(), sqlx::Error> { Ok(()) }
+    /// // `shutdown`: `async { tokio::signal::ctrl_c().await.ok(); }`, or a supervisor's `Stop`
+    /// async fn consume(source: impl Source, pool: sqlx::PgPool, shutdown: impl Future) -> Result<(), BrokerError> {
+    ///     Runner::new()
+    ///         .run_in_tx_until(source, &pool, |tx, e| Box::pin(settle(tx, e)), shutdown)
+    ///         .await
+    /// }
+    /// ```
+    pub async fn run_in_tx_until<S, DB, M, T, E, H>(
+        &self,
+        source: S,
+        pool: &Pool<DB>,
+        handler: H,
+        stop: impl std::future::Future,
+    ) -> Result<(), BrokerError>
+    where
+        S: Source,
+        DB: Database,
+        DB::Connection: TxConnection,
+        M: FromDelivery,
+        H: for<'t> Fn(&'t mut Transaction<'static, DB>, M) -> BoxFuture<'t, Result<T, E>>,
+        E: fmt::Debug,
+    {
+        let handler = &handler;
+        self.run_until(source, |message: M| in_tx(pool, handler, message), stop)
+            .await
+    }
+
     /// [`Runner::process`], in a transaction of its own on `pool`: see
     /// [`Runner::run_in_tx`].
     pub async fn process_in_tx<D, DB, M, T, E, H>(
