@@ -342,3 +342,106 @@ async fn a_free_fn_step_is_compensated_by_a_free_fn() {
     assert_eq!(book(1).await, Err(AppError::CouponRejected));
     assert_eq!(FREE_UNDONE.load(SeqCst), 7);
 }
+
+// --- an error type that is not serde: only its final errors are stored -----
+
+/// What a duplicate is told of a declined payment: the stored form of
+/// `PayError`'s final errors.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Declined {
+    reason: String,
+}
+
+/// An error type as services write them: it wraps errors that are not serde
+/// (idem's own, an I/O error), so it cannot be stored whole.
+#[derive(Debug, thiserror::Error)]
+enum PayError {
+    #[error("declined: {}", .0.reason)]
+    Declined(Declined),
+    #[error(transparent)]
+    Idem(#[from] idem_runtime::Error),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+impl From<Declined> for PayError {
+    fn from(d: Declined) -> Self {
+        PayError::Declined(d)
+    }
+}
+
+impl PayError {
+    /// `final_err`: the final errors, as they are stored.
+    fn declined(&self) -> Option<Declined> {
+        match self {
+            PayError::Declined(d) => Some(d.clone()),
+            _ => None,
+        }
+    }
+}
+
+static PAY_STORE: std::sync::LazyLock<MemoryStore> = std::sync::LazyLock::new(MemoryStore::new);
+static PAY_RUNS: AtomicUsize = AtomicUsize::new(0);
+static HELD: AtomicUsize = AtomicUsize::new(0);
+static RELEASED: AtomicUsize = AtomicUsize::new(0);
+/// I/O failures still to come before `pay` gets as far as the card.
+static IO_FAILURES: AtomicUsize = AtomicUsize::new(0);
+
+#[step("hold_funds", compensate = "release_funds")]
+async fn hold_funds(cents: u64) -> Result<u64, PayError> {
+    HELD.fetch_add(1, SeqCst);
+    Ok(cents)
+}
+
+async fn release_funds(_cents: u64) -> Result<(), PayError> {
+    RELEASED.fetch_add(1, SeqCst);
+    Ok(())
+}
+
+#[idempotent(scope = "compensation.pay", key = "card", final_err = PayError::declined, store = &*PAY_STORE)]
+async fn pay(card: String, cents: u64) -> Result<u64, PayError> {
+    PAY_RUNS.fetch_add(1, SeqCst);
+    hold_funds(cents).await?;
+    if IO_FAILURES
+        .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+    {
+        return Err(std::io::Error::other("the card network hung up").into());
+    }
+    Err(Declined {
+        reason: format!("{card}: insufficient funds"),
+    }
+    .into())
+}
+
+#[tokio::test]
+async fn a_final_error_of_a_type_that_is_not_serde_is_stored_in_its_form_and_compensated_once() {
+    let declined = Declined {
+        reason: "card-1: insufficient funds".into(),
+    };
+    // A retryable error (not final) releases the key and undoes nothing.
+    IO_FAILURES.store(1, SeqCst);
+    assert!(matches!(
+        pay("card-1".into(), 500).await,
+        Err(PayError::Io(_))
+    ));
+    assert_eq!((HELD.load(SeqCst), RELEASED.load(SeqCst)), (1, 0));
+
+    // The retry runs again (the hold replays) and is declined: final, so the
+    // hold is released and the decline stored.
+    match pay("card-1".into(), 500).await {
+        Err(PayError::Declined(d)) => assert_eq!(d, declined),
+        other => panic!("expected the decline, got {other:?}"),
+    }
+    assert_eq!(PAY_RUNS.load(SeqCst), 2);
+    assert_eq!((HELD.load(SeqCst), RELEASED.load(SeqCst)), (1, 1));
+
+    // A duplicate gets the same decline back, rebuilt from its stored form,
+    // without running the body or releasing anything again.
+    match pay("card-1".into(), 500).await {
+        Err(PayError::Declined(d)) => assert_eq!(d, declined),
+        other => panic!("expected the replayed decline, got {other:?}"),
+    }
+    assert_eq!(PAY_RUNS.load(SeqCst), 2);
+    assert_eq!(RELEASED.load(SeqCst), 1);
+}

@@ -62,12 +62,50 @@ use errors::Errors;
 /// | `fingerprint = "req.amount\|req.currency"` | segments that must match: the same key with another payload is `Error::KeyReuse`, never a silent replay | none |
 /// | `wait = "2s"` | a duplicate waits this long for the first call's result instead of failing at once with `InProgress` | no waiting |
 /// | `allow = "settle_date\|ttl"` | exempts names from the misuse checks below, and `ttl` from the consumer minimum; an entry that exempts nothing is an error | none |
-/// | `final_err = path` | a `fn(&E) -> bool`: errors it accepts (a declined card) are stored and replayed like a success; `E` must then be `Serialize + DeserializeOwned` too | every `Err` releases the claim |
+/// | `final_err = path` | the errors that are final (a declined card): stored and replayed like a success, and with steps, the flow gives up and compensates. A `fn(&E) -> bool` stores the error itself (`E` must then be `Serialize + DeserializeOwned` too); a `fn(&E) -> Option<S>` stores `S`, a serde type of yours, and replays `E::from(s)` (see [below](#final-errors-of-an-error-type-that-is-not-serde)) | every `Err` releases the claim |
 /// | `tx = tx` | a `&mut` transaction (or connection) parameter: the claim and the record are written on it and commit or roll back with the business writes. Not with `store`, `wait` or `final_err` | a separate record in the store |
 /// | `crate = "path"` | where `idem_runtime` is, when it is reached through a re-export | `::idem_runtime` |
 ///
 /// Expression options (`store`, `final_err`, `tx`) may also be written as
 /// strings, serde style.
+///
+/// ## Final errors of an error type that is not serde
+///
+/// An error type that wraps `sqlx::Error`, `reqwest::Error` or
+/// `idem_runtime::Error` cannot be stored whole. Name what its final errors
+/// are stored as instead: a `final_err` function returning `Option<S>` marks
+/// an error final by returning `Some`, `S` (`Serialize + DeserializeOwned`)
+/// is stored, and a duplicate gets `E::from(s)`: the same error, as far as
+/// `S` carries it.
+///
+/// ```
+/// # use idem_runtime::idempotent;
+/// #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+/// pub struct Declined { reason: String }
+///
+/// #[derive(Debug)]
+/// pub enum PayError {
+///     Declined(Declined),
+///     Idem(idem_runtime::Error), // not serde, never final
+///     Io(std::io::Error),        // not serde, never final
+/// }
+/// impl From<Declined> for PayError {
+///     fn from(d: Declined) -> Self { PayError::Declined(d) }
+/// }
+/// impl From<idem_runtime::Error> for PayError {
+///     fn from(e: idem_runtime::Error) -> Self { PayError::Idem(e) }
+/// }
+/// impl PayError {
+///     fn declined(&self) -> Option<Declined> {
+///         match self { PayError::Declined(d) => Some(d.clone()), _ => None }
+///     }
+/// }
+///
+/// #[idempotent(scope = "payments.charge", key = "card", final_err = PayError::declined)]
+/// async fn charge(card: String, cents: u64) -> Result<u64, PayError> {
+///     Err(Declined { reason: format!("{card}: {cents} over the limit") }.into())
+/// }
+/// ```
 ///
 /// ## Durations
 ///

@@ -222,9 +222,16 @@ pub(crate) fn idempotent(plan: &Plan<'_>, func: &ItemFn, krate: &Path) -> TokenS
         func,
         plan.ok_type,
         plan.err_type,
-        plan.final_err.is_some(),
+        plan.final_err.as_ref(),
     );
-    let dispatch = dispatch(krate, func);
+    let mut dispatch = dispatch(krate, func);
+    if plan.final_err.is_some() {
+        // `final_err`'s function type beside the return type: the fallback is
+        // chosen on the receiver alone.
+        dispatch.extend(quote! {
+            let __idem_dispatch_final = &__idem_dispatch.keeping_final(&__idem_final);
+        });
+    }
     let body = match &plan.tx {
         None => body_block(func),
         Some(tx) => tx_body(func, tx),
@@ -246,9 +253,9 @@ pub(crate) fn idempotent(plan: &Plan<'_>, func: &ItemFn, krate: &Path) -> TokenS
         (None, None, None) => quote! {
             __idem_dispatch.execute(&__IDEM_SPEC, __idem_store, __idem_key, __idem_fp, __idem_body)
         },
-        (None, Some(pred), None) => quote! {
-            __idem_dispatch.execute_keeping_final(
-                &__IDEM_SPEC, __idem_store, __idem_key, __idem_fp, #pred, __idem_body,
+        (None, Some(_), None) => quote! {
+            __idem_dispatch_final.execute_keeping_final(
+                &__IDEM_SPEC, __idem_store, __idem_key, __idem_fp, __idem_final, __idem_body,
             )
         },
         (None, None, Some(_)) => quote! {
@@ -256,9 +263,9 @@ pub(crate) fn idempotent(plan: &Plan<'_>, func: &ItemFn, krate: &Path) -> TokenS
                 &__IDEM_SPEC, __idem_store, __idem_key, __idem_fp, __idem_args, __idem_body,
             )
         },
-        (None, Some(pred), Some(_)) => quote! {
-            __idem_dispatch.execute_keeping_final_recoverable(
-                &__IDEM_SPEC, __idem_store, __idem_key, __idem_fp, #pred, __idem_args, __idem_body,
+        (None, Some(_), Some(_)) => quote! {
+            __idem_dispatch_final.execute_keeping_final_recoverable(
+                &__IDEM_SPEC, __idem_store, __idem_key, __idem_fp, __idem_final, __idem_args, __idem_body,
             )
         },
     };

@@ -11,7 +11,7 @@ use crate::check::{Compensation, StepPlan};
 pub(crate) fn step(plan: &StepPlan<'_>, func: &ItemFn, krate: &Path) -> TokenStream {
     let ItemFn { vis, sig, .. } = func;
     let (attrs, inner_attrs) = split_attrs(func);
-    let checks = type_checks(krate, func, plan.ok_type, plan.err_type, false);
+    let checks = type_checks(krate, func, plan.ok_type, plan.err_type, None);
     let dispatch = dispatch(krate, func);
     let body = body_block(func);
     let name = &plan.name;

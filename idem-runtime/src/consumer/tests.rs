@@ -191,6 +191,80 @@ fn a_stored_final_error_is_acked() {
     });
 }
 
+/// The same with a final error stored in its own form (`final_err`
+/// returning `Option<S>`): an error type that is not serde, whose final
+/// errors are stored as `Declined`, is acked, and its replay is the same
+/// error.
+#[test]
+fn a_final_error_stored_in_its_form_is_acked() {
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    struct Declined {
+        reason: String,
+    }
+
+    #[derive(Debug)]
+    enum SettleError {
+        Declined(Declined),
+        // Read through `Debug`, in failure messages.
+        #[allow(dead_code)]
+        Idem(crate::Error),
+    }
+
+    impl From<crate::Error> for SettleError {
+        fn from(e: crate::Error) -> Self {
+            SettleError::Idem(e)
+        }
+    }
+
+    impl From<Declined> for SettleError {
+        fn from(d: Declined) -> Self {
+            SettleError::Declined(d)
+        }
+    }
+
+    fn declined(e: &SettleError) -> Option<Declined> {
+        match e {
+            SettleError::Declined(d) => Some(d.clone()),
+            SettleError::Idem(_) => None,
+        }
+    }
+
+    block_on(async {
+        let store = StoreRef::new(MemoryStore::new());
+        let runs = AtomicU32::new(0);
+        let seen = std::sync::Mutex::new(Vec::new());
+        let handler = |id: String| {
+            let (store, runs, seen) = (store.clone(), &runs, &seen);
+            async move {
+                let key = Key::builder(SPEC.scope).part(&id).finish();
+                let out: Result<u32, SettleError> =
+                    execute_keeping_final(&SPEC, Some(store), key, None, declined, async {
+                        runs.fetch_add(1, SeqCst);
+                        Err(Declined {
+                            reason: "card expired".into(),
+                        }
+                        .into())
+                    })
+                    .await;
+                if let Err(SettleError::Declined(d)) = &out {
+                    seen.lock().unwrap().push(d.clone());
+                }
+                out.map(drop)
+            }
+        };
+        let r = runner();
+        let first = r.process(Memory::new(br#""m-1""#), &handler).await.unwrap();
+        assert_eq!(first, Action::Acked(Acked::FinalError));
+        let again = r.process(Memory::new(br#""m-1""#), &handler).await.unwrap();
+        assert_eq!(again, Action::Acked(Acked::Deduplicated));
+        assert_eq!(runs.load(SeqCst), 1);
+        let declined = Declined {
+            reason: "card expired".into(),
+        };
+        assert_eq!(*seen.lock().unwrap(), [declined.clone(), declined]);
+    });
+}
+
 /// A source fed through a channel; closing it is the broker failing.
 struct Channel(tokio::sync::mpsc::UnboundedReceiver<Memory>);
 

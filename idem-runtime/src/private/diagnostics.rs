@@ -12,11 +12,11 @@
 //! `&OkProbe<R>`, method resolution picks [`SerializeHolds`] when the `Ok` of
 //! `R` is `Serialize` (its method's bound then reports a missing
 //! `Deserialize`), and otherwise falls back to [`SerializeMissing`], which adds
-//! nothing to the error already reported. [`ErrProbe`] does the same for the
-//! `Err` that `final_err` stores.
+//! nothing to the error already reported. `final_err.rs` does the same for
+//! what `final_err` stores.
 //!
 //! The protocol call goes through the same autoref dispatch: [`WhenTypesHold`]
-//! and [`WhenTypesHoldKeepingFinal`] apply when their bounds hold, and
+//! (and with `final_err`, `WhenTypesHoldKeepingFinal`) applies when its bounds hold, and
 //! otherwise resolution falls back to [`AfterTypeError`], which has no bounds
 //! and so adds no second, third and fourth report of the same problem at the
 //! attribute. It is only ever selected in a crate that does not compile: the
@@ -35,7 +35,7 @@ use serde::Serialize;
 
 use crate::key::{Fingerprint, Key};
 use crate::protocol::args::CallArgs;
-use crate::protocol::{self, FromIdemError, Spec, StorableError, StoredForm, ViaSerde};
+use crate::protocol::{self, FromIdemError, Spec, StoredForm, ViaSerde};
 use crate::store::Store;
 use crate::store::tx::AsTxConnection;
 
@@ -52,20 +52,10 @@ impl<R> Dispatch<R> {
 /// Probes the `Ok` of the return type `R`.
 pub struct OkProbe<R>(PhantomData<fn() -> R>);
 
-/// Probes the `Err` of the return type `R`.
-pub struct ErrProbe<R>(PhantomData<fn() -> R>);
-
 impl<R> OkProbe<R> {
     #[allow(clippy::new_without_default)]
     pub const fn new() -> Self {
         OkProbe(PhantomData)
-    }
-}
-
-impl<R> ErrProbe<R> {
-    #[allow(clippy::new_without_default)]
-    pub const fn new() -> Self {
-        ErrProbe(PhantomData)
     }
 }
 
@@ -79,30 +69,18 @@ pub trait SerializeHolds<T, M> {
         T: StoredForm<M>,
     {
     }
-
-    #[inline]
-    fn assert_storable_error(&self)
-    where
-        T: StorableError,
-    {
-    }
 }
 
 impl<R: IdemResult, M> SerializeHolds<R::Ok, M> for OkProbe<R> where R::Ok: CacheableSerialize<M> {}
-impl<R: IdemResult> SerializeHolds<R::Err, ViaSerde> for ErrProbe<R> where R::Err: Serialize {}
 
 /// Chosen when the probed type is not even `Serialize` (already reported), or
 /// `R` is no `Result` at all (reported by `assert_result`).
 pub trait SerializeMissing {
     #[inline]
     fn assert_cacheable(&self) {}
-
-    #[inline]
-    fn assert_storable_error(&self) {}
 }
 
 impl<R> SerializeMissing for &OkProbe<R> {}
-impl<R> SerializeMissing for &ErrProbe<R> {}
 
 /// The protocol, for result types it can cache (in the stored form `M`).
 pub trait WhenTypesHold<T, E, M> {
@@ -231,101 +209,6 @@ impl<T: StoredForm<M>, E: FromIdemError, M: 'static> WhenTypesHold<T, E, M>
     }
 }
 
-/// The protocol with `final_err`, for error types it can also store. A trait of
-/// its own, so that its extra bound on `E` selects the fallback instead of
-/// failing at the attribute.
-pub trait WhenTypesHoldKeepingFinal<T, E, M> {
-    #[allow(clippy::too_many_arguments)]
-    fn execute_keeping_final<'a, S, F>(
-        &self,
-        spec: &'a Spec,
-        store: Option<S>,
-        key: Key,
-        fingerprint: Option<Fingerprint>,
-        is_final: fn(&E) -> bool,
-        body: F,
-    ) -> impl Future<Output = Result<T, E>> + 'a
-    where
-        S: Store + Clone,
-        F: Future<Output = Result<T, E>> + 'a,
-        T: 'a,
-        E: 'a;
-
-    #[allow(clippy::too_many_arguments)]
-    fn execute_keeping_final_recoverable<'a, S, F>(
-        &self,
-        spec: &'a Spec,
-        store: Option<S>,
-        key: Key,
-        fingerprint: Option<Fingerprint>,
-        is_final: fn(&E) -> bool,
-        args: CallArgs,
-        body: F,
-    ) -> impl Future<Output = Result<T, E>> + 'a
-    where
-        S: Store + Clone,
-        F: Future<Output = Result<T, E>> + 'a,
-        T: 'a,
-        E: 'a;
-}
-
-impl<T: StoredForm<M>, E: FromIdemError + StorableError, M: 'static>
-    WhenTypesHoldKeepingFinal<T, E, M> for Dispatch<Result<T, E>>
-{
-    fn execute_keeping_final<'a, S, F>(
-        &self,
-        spec: &'a Spec,
-        store: Option<S>,
-        key: Key,
-        fingerprint: Option<Fingerprint>,
-        is_final: fn(&E) -> bool,
-        body: F,
-    ) -> impl Future<Output = Result<T, E>> + 'a
-    where
-        S: Store + Clone,
-        F: Future<Output = Result<T, E>> + 'a,
-        T: 'a,
-        E: 'a,
-    {
-        protocol::execute_keeping_final_on::<S, T, M, E, F>(
-            spec,
-            store,
-            key,
-            fingerprint,
-            is_final,
-            None,
-            body,
-        )
-    }
-
-    fn execute_keeping_final_recoverable<'a, S, F>(
-        &self,
-        spec: &'a Spec,
-        store: Option<S>,
-        key: Key,
-        fingerprint: Option<Fingerprint>,
-        is_final: fn(&E) -> bool,
-        args: CallArgs,
-        body: F,
-    ) -> impl Future<Output = Result<T, E>> + 'a
-    where
-        S: Store + Clone,
-        F: Future<Output = Result<T, E>> + 'a,
-        T: 'a,
-        E: 'a,
-    {
-        protocol::execute_keeping_final_on::<S, T, M, E, F>(
-            spec,
-            store,
-            key,
-            fingerprint,
-            is_final,
-            Some(args),
-            body,
-        )
-    }
-}
-
 /// Fails the build of any crate that instantiates a method of
 /// [`AfterTypeError`]: one that type-checks yet picked the fallback.
 struct NeverInstantiated<T: ?Sized>(PhantomData<T>);
@@ -357,13 +240,13 @@ pub trait AfterTypeError {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn execute_keeping_final<'a, S, F, E>(
+    fn execute_keeping_final<'a, S, F, P>(
         &self,
         _: &'a Spec,
         _: Option<S>,
         _: Key,
         _: Option<Fingerprint>,
-        _: fn(&E) -> bool,
+        _: P,
         _: F,
     ) -> impl Future<Output = F::Output> + 'a
     where
@@ -392,13 +275,13 @@ pub trait AfterTypeError {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn execute_keeping_final_recoverable<'a, S, F, E>(
+    fn execute_keeping_final_recoverable<'a, S, F, P>(
         &self,
         _: &'a Spec,
         _: Option<S>,
         _: Key,
         _: Option<Fingerprint>,
-        _: fn(&E) -> bool,
+        _: P,
         _: CallArgs,
         _: F,
     ) -> impl Future<Output = F::Output> + 'a
@@ -459,16 +342,6 @@ impl<R> AfterTypeError for &Dispatch<R> {}
 pub trait CacheableSerialize<M> {}
 impl<T: Serialize + ?Sized> CacheableSerialize<ViaSerde> for T {}
 
-/// The `Serialize` half of [`StorableError`](crate::protocol::StorableError), checked first and alone like
-/// [`CacheableSerialize`].
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot be stored as a final error: it is not `Serialize + DeserializeOwned`",
-    label = "with `final_err`, an error it calls final is stored and replayed to duplicates",
-    note = "derive `serde::Serialize` and `serde::Deserialize` for `{Self}` (skip what cannot be stored with `#[serde(skip)]`), or drop `final_err` so every `Err` releases the key for a retry"
-)]
-pub trait StorableErrorSerialize: Serialize {}
-impl<E: Serialize + ?Sized> StorableErrorSerialize for E {}
-
 /// A return type the attributes accept: a `Result<T, E>`, also when written
 /// through an alias such as `io::Result<T>`. Expansions check its `Ok` against
 /// [`Cacheable`](crate::protocol::Cacheable) and its `Err` against [`FromIdemError`](crate::protocol::FromIdemError), each alone: a bound
@@ -499,11 +372,6 @@ pub fn assert_serializable<T: CacheableSerialize<M> + ?Sized, M>() {}
 #[inline]
 pub fn assert_error_type<E: FromIdemError>() {}
 
-/// With `final_err`: the first half of the stored error's check, on `E`;
-/// `ErrProbe` does the second half.
-#[inline]
-pub fn assert_storable_error<E: StorableErrorSerialize + ?Sized>() {}
-
 /// The same checks for a return type whose `T` and `E` are not written out
 /// (an alias such as `io::Result<T>`), on the whole return type.
 #[inline]
@@ -512,15 +380,5 @@ where
     R: IdemResult,
     R::Ok: CacheableSerialize<M>,
     R::Err: FromIdemError,
-{
-}
-
-/// [`assert_result`] with `final_err`.
-#[inline]
-pub fn assert_result_keeping_final<R, M>()
-where
-    R: IdemResult,
-    R::Ok: CacheableSerialize<M>,
-    R::Err: FromIdemError + StorableErrorSerialize,
 {
 }

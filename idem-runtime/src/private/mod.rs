@@ -1,11 +1,13 @@
 //! The layer macro expansions call into, above the protocol: the autoref
 //! dispatch that reports a type error on the user's tokens (`diagnostics.rs`),
-//! the compensated step's checks (`compensate.rs`), and the thin functions
+//! `final_err`'s checks (`final_err.rs`), the compensated step's checks
+//! (`compensate.rs`), and the thin functions
 //! the generated code names. Reached only as `idem_runtime::__private`; not
 //! a public API, it changes without notice.
 
 mod compensate;
 pub(crate) mod diagnostics;
+mod final_err;
 mod recover;
 
 pub use crate::key::{FingerprintBuilder, Key, KeyBuilder};
@@ -21,10 +23,13 @@ pub use core::option::Option::{None, Some};
 pub use core::result::Result::{Err, Ok};
 pub use core::time::Duration;
 pub use diagnostics::{
-    AfterTypeError, CacheableSerialize, Dispatch, ErrProbe, IdemResult, OkProbe, SerializeHolds,
-    SerializeMissing, StorableErrorSerialize, WhenTypesHold, WhenTypesHoldKeepingFinal,
-    assert_error_type, assert_result, assert_result_keeping_final, assert_serializable,
-    assert_storable_error,
+    AfterTypeError, CacheableSerialize, Dispatch, IdemResult, OkProbe, SerializeHolds,
+    SerializeMissing, WhenTypesHold, assert_error_type, assert_result, assert_serializable,
+};
+pub use final_err::{
+    DispatchFinal, FinalErrOutput, FinalProbe, FromStoredError, NoFinalCheck,
+    StorableErrorSerialize, StoredErrorForm, StoredErrorFormSerialize, StoresAForm,
+    StoresAFormRest, StoresTheError, StoresTheErrorRest, WhenTypesHoldKeepingFinal, final_err,
 };
 pub use recover::{
     ArgProbe, ArgSerializeHolds, ArgSerializeMissing, ArgsWriter, DecodeHolds, DecodeMissing,

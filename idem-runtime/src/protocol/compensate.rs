@@ -19,16 +19,13 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::sync::Arc;
 
-use serde::Serialize;
-use serde::de::DeserializeOwned;
-
 use crate::error::{CodecError, Error};
 use crate::flow::{self, FlowContext, Pending};
 use crate::key::Key;
 use crate::store::{Completion, Store as _, StoreRef, StoredOutcome, Token};
 
 use super::claim::{Acquired, acquire};
-use super::{Cacheable, FromIdemError, ReleaseAll, Spec, run};
+use super::{Cacheable, ErrorPolicy, FromIdemError, ReleaseAll, Spec, run};
 
 const GIVE_UP_SCOPE: &str = "idem.give_up";
 
@@ -172,11 +169,13 @@ async fn compensate_all(flow: &Arc<FlowContext>, store: &StoreRef) -> Result<(),
 /// The body of a call with `final_err`, which can give up: after the body,
 /// decides whether the flow gave up (now, or in an earlier run) and if so
 /// compensates before the final error is recorded. Runs inside the call's
-/// flow scope and heartbeat, so the lease holds while it compensates.
-pub(super) async fn settle<T, E, F>(body: F, is_final: fn(&E) -> bool) -> Result<T, E>
+/// flow scope and heartbeat, so the lease holds while it compensates. The
+/// give-up record holds the final error in the form `policy` stores it.
+pub(super) async fn settle<T, E, F, P>(body: F, policy: P) -> Result<T, E>
 where
-    E: FromIdemError + Serialize + DeserializeOwned,
+    E: FromIdemError,
     F: Future<Output = Result<T, E>>,
+    P: ErrorPolicy<E>,
 {
     let flow = flow::current();
     if let Some(flow) = &flow {
@@ -192,10 +191,14 @@ where
         _ if !flow.has_compensations() => return out,
         _ => None,
     };
-    let (payload, ours) = match (decided, &out) {
+    let kept = match (&decided, &out) {
+        (None, Err(e)) => policy.keep(e),
+        _ => None,
+    };
+    let (payload, ours) = match (decided, kept) {
         (Some(payload), _) => (payload, None),
-        (None, Err(e)) if is_final(e) => {
-            let Ok(mine) = serde_json::to_vec(e) else {
+        (None, Some(kept)) => {
+            let Ok(mine) = kept else {
                 // The record layer reports an error that cannot be stored;
                 // giving up on a decision that cannot be recorded is not safe.
                 return out;
@@ -216,12 +219,12 @@ where
         }
         // A retry whose steps all replayed never looked for the record; an
         // earlier run that gave up still decides.
-        (None, _) if flow.replayed() => match read_give_up(&flow, &store).await {
+        (None, None) if flow.replayed() => match read_give_up(&flow, &store).await {
             Ok(Some(payload)) => (payload, None),
             Ok(None) => return out,
             Err(e) => return Err(E::from(e)),
         },
-        (None, _) => return out,
+        (None, None) => return out,
     };
     if let Err(e) = compensate_all(&flow, &store).await {
         return Err(E::from(e));
@@ -229,7 +232,7 @@ where
     if ours.is_some() {
         return out;
     }
-    match serde_json::from_slice::<E>(&payload) {
+    match policy.restore(&payload) {
         Ok(e) => Err(e),
         Err(e) => Err(E::from(Error::Codec {
             scope: GIVE_UP_SCOPE.to_owned(),

@@ -5,7 +5,8 @@
 //! - this file: [`execute`] and [`execute_keeping_final`], a call on a
 //!   store (claim, run under a heartbeat, record the outcome);
 //! - `stored_form.rs`: what a result and an error must be to be stored
-//!   ([`StoredForm`], [`Cacheable`], …), and whether an `Err` is final;
+//!   ([`StoredForm`], [`Cacheable`], …), and whether an `Err` is final and
+//!   what of it is stored ([`FinalVerdict`]);
 //! - `in_tx.rs`: [`execute_in_tx`], a call on the caller's transaction;
 //! - `step.rs`: [`run_step`] and [`StepCall`], the steps of a flow;
 //! - `claim.rs`: one claim, what it means for the caller, waiting, and
@@ -59,9 +60,6 @@ mod stored_form;
 
 use std::future::Future;
 
-use serde::Serialize;
-use serde::de::DeserializeOwned;
-
 use crate::error::Error;
 use crate::flow::{self, Flow};
 use crate::key::{Fingerprint, Key};
@@ -77,7 +75,10 @@ use record::{OnStore, finish};
 pub use in_tx::execute_in_tx;
 pub use report::track_replays;
 pub use step::{StepCall, run_step, run_step_compensated};
-pub use stored_form::{Cacheable, FromIdemError, StorableError, StoredForm, ViaSerde};
+pub(crate) use stored_form::FinalErrFn;
+pub use stored_form::{
+    Cacheable, FinalVerdict, FromIdemError, StorableError, StoredForm, ViaSerde,
+};
 pub(crate) use stored_form::{ErrorPolicy, KeepFinal, ReleaseAll};
 
 /// Runs `body` at most once per `key` (within the record's ttl), replaying its
@@ -146,9 +147,13 @@ where
     run::<S, T, M, E, F, ReleaseAll>(spec, store, key, fingerprint, body, ReleaseAll, args)
 }
 
-/// Like [`execute`], but an `Err` for which `is_final` returns `true` is stored
-/// and replayed like a success (a declined card, a validation failure) instead
+/// Like [`execute`], but an `Err` that `is_final` calls final is stored and
+/// replayed like a success (a declined card, a validation failure) instead
 /// of releasing the claim.
+///
+/// `is_final` answers a [`FinalVerdict`]: `bool` stores the error itself (`E`
+/// must then be `Serialize + DeserializeOwned`); `Option<S>` stores `S`, and a
+/// duplicate gets `E::from(s)`.
 ///
 /// ```
 /// use idem_runtime::protocol::{execute_keeping_final, Kind, Spec};
@@ -173,20 +178,22 @@ where
 /// assert!(matches!(again, Err(PayError::Declined))); // replayed, not charged again
 /// # });
 /// ```
-pub fn execute_keeping_final<T, M, E, F>(
+pub fn execute_keeping_final<T, M, E, F, P, O>(
     spec: &Spec,
     store: Option<StoreRef>,
     key: Key,
     fingerprint: Option<Fingerprint>,
-    is_final: fn(&E) -> bool,
+    is_final: P,
     body: F,
 ) -> impl Future<Output = Result<T, E>>
 where
     T: StoredForm<M>,
-    E: FromIdemError + Serialize + DeserializeOwned,
+    E: FromIdemError,
     F: Future<Output = Result<T, E>>,
+    P: Fn(&E) -> O + Clone,
+    O: FinalVerdict<E>,
 {
-    execute_keeping_final_on::<StoreRef, T, M, E, F>(
+    execute_keeping_final_on::<StoreRef, T, M, E, F, P>(
         spec,
         store,
         key,
@@ -199,24 +206,25 @@ where
 
 /// [`execute_keeping_final`] on a store of a known type, with `recover`'s
 /// arguments if any (see [`execute_on`]).
-pub(crate) fn execute_keeping_final_on<S, T, M, E, F>(
+pub(crate) fn execute_keeping_final_on<S, T, M, E, F, P>(
     spec: &Spec,
     store: Option<S>,
     key: Key,
     fingerprint: Option<Fingerprint>,
-    is_final: fn(&E) -> bool,
+    is_final: P,
     args: Option<CallArgs>,
     body: F,
 ) -> impl Future<Output = Result<T, E>>
 where
     S: Store + Clone,
     T: StoredForm<M>,
-    E: FromIdemError + Serialize + DeserializeOwned,
+    E: FromIdemError,
     F: Future<Output = Result<T, E>>,
+    P: FinalErrFn<E>,
 {
     // A call that can give up compensates its finished steps first (see `compensate`).
-    let body = compensate::settle(body, is_final);
-    run::<S, T, M, E, _, KeepFinal<E>>(
+    let body = compensate::settle(body, KeepFinal(is_final.clone()));
+    run::<S, T, M, E, _, KeepFinal<P>>(
         spec,
         store,
         key,

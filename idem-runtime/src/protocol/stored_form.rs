@@ -1,8 +1,10 @@
 //! What a call's result and errors must be to be stored, and how they are:
 //! [`StoredForm`] (a result's stored bytes, JSON for serde types under the
 //! marker [`ViaSerde`]), the bounds whose diagnostics name what is missing
-//! ([`Cacheable`], [`StorableError`], [`FromIdemError`]), and the policies
-//! that decide whether an `Err` is stored as final or releases the claim.
+//! ([`Cacheable`], [`StorableError`], [`FromIdemError`]), what a `final_err`
+//! function answers ([`FinalVerdict`]: `bool`, or the stored form of the
+//! final errors), and the policies that decide whether an `Err` is stored as
+//! final or releases the claim.
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -77,6 +79,73 @@ impl<E: Serialize + DeserializeOwned> StorableError for E {}
 pub trait FromIdemError: From<Error> {}
 impl<E: From<Error>> FromIdemError for E {}
 
+/// What a `final_err` function answers for an error: whether it is final,
+/// and what of it is stored.
+///
+/// - `bool`: `true` stores the error itself, so `E` must be
+///   `Serialize + DeserializeOwned`, and a duplicate gets it back decoded.
+/// - `Option<S>`: `Some(stored)` marks the error final and stores `stored`,
+///   a serde type of the user's (`Declined { reason }`); a duplicate gets
+///   `E::from(stored)` back. `E` itself need not be serde: an error type that
+///   wraps `sqlx::Error` or `reqwest::Error` names the part of its final
+///   errors worth replaying.
+///
+/// ```
+/// use idem_runtime::idempotent;
+///
+/// /// The stored form of the final errors: what a duplicate is told.
+/// #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+/// pub struct Declined { reason: String }
+///
+/// #[derive(Debug)]
+/// pub enum PayError {
+///     Declined(Declined),
+///     Idem(idem_runtime::Error), // not serde: it is never final
+/// }
+/// impl From<idem_runtime::Error> for PayError {
+///     fn from(e: idem_runtime::Error) -> Self { PayError::Idem(e) }
+/// }
+/// impl From<Declined> for PayError {
+///     fn from(d: Declined) -> Self { PayError::Declined(d) }
+/// }
+/// impl PayError {
+///     fn declined(&self) -> Option<Declined> {
+///         match self { PayError::Declined(d) => Some(d.clone()), _ => None }
+///     }
+/// }
+///
+/// #[idempotent(key = "card", final_err = PayError::declined)]
+/// async fn pay(card: String) -> Result<u64, PayError> {
+///     Err(PayError::Declined(Declined { reason: format!("{card}: insufficient funds") }))
+/// }
+/// ```
+pub trait FinalVerdict<E> {
+    /// `Some(encoded)` when the error is final: the bytes the record keeps.
+    fn stored(self, err: &E) -> Option<Result<Vec<u8>, serde_json::Error>>;
+    /// The final error a duplicate gets back from the record's bytes.
+    fn restore(payload: &[u8]) -> Result<E, serde_json::Error>;
+}
+
+impl<E: Serialize + DeserializeOwned> FinalVerdict<E> for bool {
+    fn stored(self, err: &E) -> Option<Result<Vec<u8>, serde_json::Error>> {
+        self.then(|| serde_json::to_vec(err))
+    }
+
+    fn restore(payload: &[u8]) -> Result<E, serde_json::Error> {
+        serde_json::from_slice(payload)
+    }
+}
+
+impl<S: Serialize + DeserializeOwned, E: From<S>> FinalVerdict<E> for Option<S> {
+    fn stored(self, _: &E) -> Option<Result<Vec<u8>, serde_json::Error>> {
+        self.map(|stored| serde_json::to_vec(&stored))
+    }
+
+    fn restore(payload: &[u8]) -> Result<E, serde_json::Error> {
+        serde_json::from_slice::<S>(payload).map(E::from)
+    }
+}
+
 /// How errors of the body are treated.
 pub(crate) trait ErrorPolicy<E> {
     /// `Some(encoded)` stores the error as a final outcome; `None` releases the claim.
@@ -101,14 +170,39 @@ impl<E> ErrorPolicy<E> for ReleaseAll {
     }
 }
 
-pub(crate) struct KeepFinal<E>(pub(super) fn(&E) -> bool);
+/// A `final_err` function: `Fn(&E) -> O` for a [`FinalVerdict`] `O`, named
+/// without its `O`, so that the futures generic over it do not capture `O`.
+pub trait FinalErrFn<E>: Clone {
+    /// `Some(encoded)` when `err` is final.
+    fn keep(&self, err: &E) -> Option<Result<Vec<u8>, serde_json::Error>>;
+    /// The final error a duplicate gets back.
+    fn restore(&self, payload: &[u8]) -> Result<E, serde_json::Error>;
+}
 
-impl<E: Serialize + DeserializeOwned> ErrorPolicy<E> for KeepFinal<E> {
+impl<E, O, F> FinalErrFn<E> for F
+where
+    F: Fn(&E) -> O + Clone,
+    O: FinalVerdict<E>,
+{
     fn keep(&self, err: &E) -> Option<Result<Vec<u8>, serde_json::Error>> {
-        (self.0)(err).then(|| serde_json::to_vec(err))
+        self(err).stored(err)
     }
 
     fn restore(&self, payload: &[u8]) -> Result<E, serde_json::Error> {
-        serde_json::from_slice(payload)
+        O::restore(payload)
+    }
+}
+
+/// `final_err`'s function as the body's error policy.
+#[derive(Clone, Copy)]
+pub(crate) struct KeepFinal<F>(pub(super) F);
+
+impl<E, F: FinalErrFn<E>> ErrorPolicy<E> for KeepFinal<F> {
+    fn keep(&self, err: &E) -> Option<Result<Vec<u8>, serde_json::Error>> {
+        self.0.keep(err)
+    }
+
+    fn restore(&self, payload: &[u8]) -> Result<E, serde_json::Error> {
+        self.0.restore(payload)
     }
 }
