@@ -1,11 +1,11 @@
 //! `#[step]`'s expansion.
 
-use proc_macro2::TokenStream;
+use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
 use syn::{ItemFn, Path};
 
-use super::{body_block, dispatch, key_parts, respan, split_attrs};
 use super::types::type_checks;
+use super::{body_block, dispatch, key_parts, respan, split_attrs};
 use crate::check::{Compensation, StepPlan};
 
 pub(crate) fn step(plan: &StepPlan<'_>, func: &ItemFn, krate: &Path) -> TokenStream {
@@ -46,8 +46,8 @@ pub(crate) fn step(plan: &StepPlan<'_>, func: &ItemFn, krate: &Path) -> TokenStr
 
 /// The step's call with its compensation: a closure that gets the step's
 /// output and calls the compensation on it, written on the `compensate`
-/// string's span so rustc's "no function named …" and "expected `u64`, found
-/// `String`" land there. A method's compensation gets a clone of `self`: it
+/// string's span so rustc's "no function named …" and a compensation taking
+/// another type than the step's output land there. A method's compensation gets a clone of `self`: it
 /// runs after the flow's body, when the step's borrow has ended.
 fn compensated_call(comp: &Compensation, body: TokenStream, krate: &Path) -> TokenStream {
     let (lit, receiver, call) = match comp {
@@ -57,16 +57,14 @@ fn compensated_call(comp: &Compensation, body: TokenStream, krate: &Path) -> Tok
             let receiver = quote_spanned! {span=>
                 let __idem_this = #k::__private::compensation_receiver::<Self>(&self);
             };
-            let call = quote_spanned!(span=> Self::#ident(&__idem_this, __idem_output));
+            let arg = compensation_arg(lit, krate);
+            let call = quote_spanned!(span=> Self::#ident(&__idem_this, #arg));
             (lit, receiver, call)
         }
         Compensation::Free(lit, path) => {
             let span = lit.span();
-            (
-                lit,
-                TokenStream::new(),
-                quote_spanned!(span=> #path(__idem_output)),
-            )
+            let arg = compensation_arg(lit, krate);
+            (lit, TokenStream::new(), quote_spanned!(span=> #path(#arg)))
         }
     };
     let span = lit.span();
@@ -87,3 +85,14 @@ fn compensated_call(comp: &Compensation, body: TokenStream, krate: &Path) -> Tok
     }
 }
 
+/// The step's output as the compensation's argument, through the runtime's
+/// `compensation_arg`, whose bound reports a compensation that takes another
+/// type in words that say what to write. Located on the `compensate` string
+/// but marked as generated, so rustc offers no fix-it there (it suggested
+/// `compensate = &"undo"` for a compensation taking a reference).
+fn compensation_arg(lit: &syn::LitStr, krate: &Path) -> TokenStream {
+    let span = Span::call_site().located_at(lit.span());
+    let k = respan(krate, span);
+    let output = syn::Ident::new("__idem_output", span);
+    quote_spanned!(span=> #k::__private::compensation_arg(#output))
+}

@@ -40,6 +40,53 @@ pub fn compensation_result<R: CompensationResult>(r: R) -> R {
     r
 }
 
+/// The step's output `T` as the compensation's argument `P`, which must be
+/// `T` itself: a compensation is called with the output, by value. `M` is
+/// `Exact` for the one impl that applies; the second impl, which never
+/// does, keeps rustc from settling `P` from `T` alone before the
+/// compensation's parameter type is known, so a mismatch is this trait's
+/// error (in words that say what to write) rather than "mismatched types".
+#[diagnostic::on_unimplemented(
+    message = "the compensation takes `{P}`, but it is called with the step's output, a `{Self}`",
+    label = "`compensate` names the function that undoes the step: it gets the step's output by value",
+    note = "declare the compensation's parameter as `{Self}`: `async fn undo(output: {Self}) -> Result<_, _>` (on a method, `async fn undo(&self, output: {Self})`)"
+)]
+pub trait CompensationInput<P, M> {
+    fn into_input(self) -> P;
+}
+
+/// The marker of the [`CompensationInput`] that applies.
+pub enum Exact {}
+
+/// The marker of the [`CompensationInput`] that never applies.
+pub enum NeverAnInput {}
+
+/// What no compensation takes.
+pub struct NotAnInput<T>(std::marker::PhantomData<T>);
+
+#[diagnostic::do_not_recommend]
+impl<T> CompensationInput<T, Exact> for T {
+    #[inline]
+    fn into_input(self) -> T {
+        self
+    }
+}
+
+#[diagnostic::do_not_recommend]
+impl<T> CompensationInput<NotAnInput<T>, NeverAnInput> for T {
+    #[inline]
+    fn into_input(self) -> NotAnInput<T> {
+        NotAnInput(std::marker::PhantomData)
+    }
+}
+
+/// The compensation's argument: `P` is the compensation's parameter type,
+/// so a mismatch is reported as [`CompensationInput`]'s.
+#[inline]
+pub fn compensation_arg<T: CompensationInput<P, M>, P, M>(output: T) -> P {
+    output.into_input()
+}
+
 /// The protocol call of a compensated step, for result types it can cache
 /// (the autoref dispatch of `diagnostics`).
 pub trait WhenTypesHoldCompensated<T, E> {

@@ -17,7 +17,8 @@ pub use crate::site::CallSite;
 pub use crate::spec::{Kind, Spec};
 pub use crate::store::{AsStore, StoreRef};
 pub use compensate::{
-    AfterTypeErrorCompensated, WhenTypesHoldCompensated, compensation_receiver, compensation_result,
+    AfterTypeErrorCompensated, CompensationInput, WhenTypesHoldCompensated, compensation_arg,
+    compensation_receiver, compensation_result,
 };
 pub use core::option::Option::{None, Some};
 pub use core::result::Result::{Err, Ok};
