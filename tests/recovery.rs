@@ -624,3 +624,114 @@ mod readme {
         assert_eq!(service.create_order(req).await.unwrap().qty, 2);
     }
 }
+
+/// The guide's "On an axum handler": the handler extracts and answers, the
+/// service method it calls carries `recover`. A request dropped inside the
+/// method's second step is finished by the worker, and the client's retry of
+/// the request (same `Idempotency-Key`) gets the stored result.
+mod axum_handler {
+    use std::sync::Arc;
+
+    use axum::body::Body;
+    use axum::extract::State;
+    use axum::http::{Request, StatusCode};
+    use axum::response::{IntoResponse, Response};
+    use axum::{Extension, Json, Router, routing::post};
+    use http_body_util::BodyExt;
+    use idem_runtime::http::{IdempotencyKey, KeyCaller};
+    use tower::ServiceExt;
+
+    use super::*;
+
+    static SEATS: LazyLock<Effects> = LazyLock::new(Effects::default);
+
+    #[derive(Serialize, Deserialize)]
+    pub struct Reserve {
+        seats: u32,
+    }
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    pub struct Reservation {
+        hold: u64,
+        charge: String,
+    }
+
+    pub struct Reservations;
+
+    impl Reservations {
+        #[idempotent(scope = "recovery.reservations", key = "caller|key", lease = "1s", store = &*STORE, recover)]
+        async fn create(
+            &self,
+            caller: String,
+            key: String,
+            req: Reserve,
+        ) -> Result<Reservation, AppError> {
+            let _ = caller;
+            let hold = reserve(&SEATS, req.seats).await?;
+            let charge = charge(&SEATS, &key).await?;
+            Ok(Reservation { hold, charge })
+        }
+    }
+
+    impl IntoResponse for AppError {
+        fn into_response(self) -> Response {
+            (StatusCode::INTERNAL_SERVER_ERROR, self.to_string()).into_response()
+        }
+    }
+
+    async fn reserve_seats(
+        State(service): State<Arc<Reservations>>,
+        key: IdempotencyKey,
+        Json(req): Json<Reserve>,
+    ) -> Result<Json<Reservation>, AppError> {
+        let reservation = service
+            .create(key.caller().into(), key.key().into(), req)
+            .await?;
+        Ok(Json(reservation))
+    }
+
+    fn request() -> Request<Body> {
+        Request::post("/reservations")
+            .header("idempotency-key", "k-1")
+            .header("x-tenant", "acme")
+            .header("content-type", "application/json")
+            .body(Body::from(r#"{"seats":2}"#))
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_request_dropped_mid_flow_is_finished_by_the_worker_and_its_retry_replays() {
+        let _serial = SERIAL.lock().await;
+        let service = Arc::new(Reservations);
+        let router = Router::new()
+            .route("/reservations", post(reserve_seats))
+            .layer(Extension(KeyCaller::new(|p| {
+                p.headers.get("x-tenant")?.to_str().ok().map(str::to_owned)
+            })))
+            .with_state(service.clone());
+
+        let dropped = router.clone();
+        abandon_in_step_two(&SEATS, async move { dropped.oneshot(request()).await }).await;
+        assert_eq!(SEATS.charged.load(Ordering::SeqCst), 0);
+
+        let w = worker(Recovery::new().register(recoverable!(Reservations::create, service)));
+        let pass = w.run_once().await.unwrap();
+        assert_eq!(pass.recovered, 1, "{pass:?}");
+        assert_eq!(SEATS.charged.load(Ordering::SeqCst), 1);
+
+        // The client retries its request: the stored result, nothing runs again.
+        let response = router.oneshot(request()).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let reservation: Reservation = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            reservation,
+            Reservation {
+                hold: 20,
+                charge: "charge-k-1".into()
+            }
+        );
+        assert_eq!(SEATS.reserved.load(Ordering::SeqCst), 1);
+        assert_eq!(SEATS.charged.load(Ordering::SeqCst), 1);
+    }
+}

@@ -63,7 +63,8 @@ use errors::Errors;
 /// | `wait = "2s"` | a duplicate waits this long for the first call's result instead of failing at once with `InProgress` | no waiting |
 /// | `allow = "settle_date\|ttl"` | exempts names from the misuse checks below, and `ttl` from the consumer minimum; an entry that exempts nothing is an error | none |
 /// | `final_err = path` | the errors that are final (a declined card): stored and replayed like a success, and with steps, the flow gives up and compensates. A `fn(&E) -> bool` stores the error itself (`E` must then be `Serialize + DeserializeOwned` too); a `fn(&E) -> Option<S>` stores `S`, a serde type of yours, and replays `E::from(s)` (see [below](#final-errors-of-an-error-type-that-is-not-serde)) | every `Err` releases the claim |
-/// | `tx = tx` | a `&mut` transaction (or connection) parameter: the claim and the record are written on it and commit or roll back with the business writes. Not with `store`, `wait` or `final_err` | a separate record in the store |
+/// | `recover` | the arguments are stored with the claim, and a recovery worker finishes the call if its caller never comes back ([`recoverable!`] registers it). Each argument must be `Serialize + DeserializeOwned`; not on consumers, `tx` calls or axum handlers (a handler calls a `recover` method instead) | not recoverable |
+/// | `tx = tx` | a `&mut` transaction (or connection) parameter: the claim and the record are written on it and commit or roll back with the business writes. Not with `store`, `wait`, `final_err` or `recover` | a separate record in the store |
 /// | `crate = "path"` | where `idem_runtime` is, when it is reached through a re-export | `::idem_runtime` |
 ///
 /// Expression options (`store`, `final_err`, `tx`) may also be written as
@@ -254,9 +255,32 @@ pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
 ///
 /// Like `#[idempotent]`, the function must be `async` and return
 /// `Result<T, E>` with a `Serialize + DeserializeOwned` `T` and an `E` that is
-/// `From<idem_runtime::Error>`. Its options are the name, `key`, `allow`,
-/// `compensate` and `crate = "path"` (where `idem_runtime` is, for
-/// re-exports; default `::idem_runtime`).
+/// `From<idem_runtime::Error>`.
+///
+/// # Options
+///
+/// | option | meaning | default |
+/// |---|---|---|
+/// | `"deduct_stock"` or `name = "deduct_stock"` | the step's identity in its flow's records: keep it when the function is renamed | required |
+/// | `key = "item.sku"` | segments (as in `#[idempotent]`'s `key`) telling apart the calls of this step in a loop, so each item keeps its record | calls numbered among all of this name |
+/// | `allow = "settle_date"` | exempts `key` segments from the misuse checks | none |
+/// | `compensate = "restore_stock"` | what undoes the step when its flow gives up (a `final_err` error): an async fn taking the step's output by value (on a method, another method taking `&self` and the output), run once, in reverse order of the steps (the guide's page on steps, `idem_runtime::guide::steps`) | not undone |
+/// | `crate = "path"` | where `idem_runtime` is, when it is reached through a re-export | `::idem_runtime` |
+///
+/// ```
+/// use idem_runtime::step;
+/// # #[derive(Debug)] pub struct AppError;
+/// # impl From<idem_runtime::Error> for AppError { fn from(_: idem_runtime::Error) -> Self { AppError } }
+/// #[step("deduct_stock", compensate = "restore_stock")]
+/// async fn deduct_stock(sku: u64, qty: u32) -> Result<String, AppError> {
+///     Ok(format!("ticket-{sku}-{qty}")) // the output: what the compensation gets
+/// }
+///
+/// async fn restore_stock(ticket: String) -> Result<(), AppError> {
+///     let _ = ticket; // put the stock back
+///     Ok(())
+/// }
+/// ```
 ///
 /// # What it expands to
 ///
@@ -360,8 +384,13 @@ pub fn step(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// # drop(recovery);
 /// ```
 ///
-/// A function without `recover` has nothing to register: the compiler says
-/// it cannot find `__idem_recover_<name>`, the hidden item `recover` adds.
+/// A function without `recover` has nothing to register: the compile error
+/// says "`create_order` has no `recover`" and to add it. (A `recover`
+/// function defined in another module is named by its path,
+/// `recoverable!(orders::create_order)`; there, a missing `recover` is
+/// rustc's "cannot find function `__idem_recover_create_order`", the hidden
+/// item `recover` adds.) A `&self` method is registered with the service
+/// it runs on; without one, the error says so.
 #[proc_macro]
 pub fn recoverable(input: TokenStream) -> TokenStream {
     match expand::recoverable(input.into()) {

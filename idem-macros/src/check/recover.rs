@@ -64,6 +64,11 @@ pub(crate) fn check<'a>(
             );
         }
     }
+    if let Some(extractor) = first_extractor(func) {
+        errors.error(extractor, on_a_handler(extractor, func));
+        // The handler's other parameters are extractors too: said once.
+        return None;
+    }
     let mut method = false;
     let mut params = Vec::new();
     for input in &func.sig.inputs {
@@ -144,4 +149,66 @@ fn stored<'a>(name: &Ident, ty: &'a Type, errors: &mut Errors) -> Option<Param<'
 
 fn impl_trait() -> &'static str {
     "`recover` stores each argument and decodes it again: it needs a concrete type here, not `impl Trait` or `dyn Trait`"
+}
+
+/// axum's extractors (and idem's `IdempotencyKey`), by the last segment of
+/// their path: these need type arguments, so a plain type of the same name
+/// is not taken for one.
+const GENERIC_EXTRACTORS: &[&str] = &[
+    "State",
+    "Path",
+    "Query",
+    "Form",
+    "Extension",
+    "TypedHeader",
+    "ConnectInfo",
+    "WithRejection",
+];
+
+/// Extractors without type arguments, and `IdempotencyKey` with or without.
+const PLAIN_EXTRACTORS: &[&str] = &[
+    "IdempotencyKey",
+    "HeaderMap",
+    "Method",
+    "Uri",
+    "OriginalUri",
+    "MatchedPath",
+    "RawQuery",
+    "RawForm",
+    "Multipart",
+    "CookieJar",
+    "SignedCookieJar",
+    "PrivateCookieJar",
+    "WebSocketUpgrade",
+];
+
+/// The first parameter of an axum handler's kind: an extractor's type, or a
+/// `Json(req)` pattern (`Json` alone is also sqlx's serde wrapper, so only
+/// its destructuring pattern, written for axum's, tells a handler).
+fn first_extractor(func: &ItemFn) -> Option<&Type> {
+    func.sig.inputs.iter().find_map(|input| {
+        let FnArg::Typed(pt) = input else { return None };
+        let Type::Path(tp) = &*pt.ty else { return None };
+        let last = tp.path.segments.last()?;
+        let name = last.ident.to_string();
+        let generic = matches!(last.arguments, syn::PathArguments::AngleBracketed(_));
+        let destructured = matches!(&*pt.pat, Pat::TupleStruct(_));
+        let is_extractor = (generic && GENERIC_EXTRACTORS.contains(&name.as_str()))
+            || PLAIN_EXTRACTORS.contains(&name.as_str())
+            || (generic && destructured && name == "Json");
+        is_extractor.then_some(&*pt.ty)
+    })
+}
+
+/// What to do instead of `recover` on a handler: the idiom of the guide's
+/// recovery page.
+fn on_a_handler(extractor: &Type, func: &ItemFn) -> String {
+    let ty = quote::ToTokens::to_token_stream(extractor)
+        .to_string()
+        .replace(' ', "");
+    let name = &func.sig.ident;
+    format!(
+        "`recover` cannot go on an axum handler: `{ty}` is taken from the request, and a recovery worker calls the function again without a request\n\
+         help: keep `{name}` a handler without `recover`, and move its work into a method of your service that takes the request's data (the caller and key as strings, the body's type), with `#[idempotent(…, recover)]` on that method: the handler calls it, and `recoverable!(Service::method, service)` registers it (idem_runtime::guide::recovery, \"On an axum handler\")"
+    )
 }

@@ -72,14 +72,14 @@ pub(super) fn recovery_item(
         "The recovery of [`{name}`] (`#[idempotent(…, recover)]`): what `idem_runtime::recoverable!({name})` registers."
     );
     if recover.method {
-        quote! {
+        return quote! {
             #[doc = #doc]
             #[doc(hidden)]
             #[allow(non_snake_case, clippy::all)]
             #vis fn #item(
-                service: impl ::core::convert::Into<#krate::__private::Arc<Self>>,
+                service: impl #krate::__private::RecoveryService<Self>,
             ) -> #krate::__private::Recoverable {
-                let __idem_service: #krate::__private::Arc<Self> = service.into();
+                let __idem_service: #krate::__private::Arc<Self> = service.into_service();
                 #krate::__private::Recoverable::new(#scope, move |__idem_json: &[u8]| {
                     #decode
                     let __idem_this = #krate::__private::Arc::clone(&__idem_service);
@@ -89,20 +89,37 @@ pub(super) fn recovery_item(
                     #krate::__private::Ok(__idem_call)
                 })
             }
+        };
+    }
+    // A free function: the hidden fn, for `recoverable!(module::f)`, and a
+    // trait of the same name implemented for `()`, for `recoverable!(f)`:
+    // a method of a trait in scope, where `f` is (see `recoverable`).
+    quote! {
+        #[doc = #doc]
+        #[doc(hidden)]
+        #[allow(non_snake_case, clippy::all)]
+        #vis fn #item(no_service: ()) -> #krate::__private::Recoverable {
+            let () = no_service;
+            #krate::__private::Recoverable::new(#scope, |__idem_json: &[u8]| {
+                #decode
+                let __idem_call: #krate::__private::Prepared = #krate::__private::Box::pin(async move {
+                    #krate::__private::recovery_end(#name(#(#call_args),*).await)
+                });
+                #krate::__private::Ok(__idem_call)
+            })
         }
-    } else {
-        quote! {
-            #[doc = #doc]
-            #[doc(hidden)]
-            #[allow(non_snake_case, clippy::all)]
-            #vis fn #item() -> #krate::__private::Recoverable {
-                #krate::__private::Recoverable::new(#scope, |__idem_json: &[u8]| {
-                    #decode
-                    let __idem_call: #krate::__private::Prepared = #krate::__private::Box::pin(async move {
-                        #krate::__private::recovery_end(#name(#(#call_args),*).await)
-                    });
-                    #krate::__private::Ok(__idem_call)
-                })
+
+        #[doc = #doc]
+        #[doc(hidden)]
+        #[allow(non_camel_case_types, non_snake_case, clippy::all)]
+        #vis trait #item {
+            fn #item(self, no_service: ()) -> #krate::__private::Recoverable;
+        }
+
+        #[allow(non_snake_case, clippy::all)]
+        impl #item for () {
+            fn #item(self, no_service: ()) -> #krate::__private::Recoverable {
+                #item(no_service)
             }
         }
     }
@@ -110,6 +127,18 @@ pub(super) fn recovery_item(
 
 /// `recoverable!(create_order)` or `recoverable!(Service::create_order,
 /// service)`: the hidden item beside the function, called.
+///
+/// A function without `recover` has no such item, and a call of a missing
+/// item is a resolution error rustc words as "cannot find function": so the
+/// expansion brings a fallback of the same name, found only when the real
+/// one is not, whose bound fails with a message that says to add `recover`.
+/// For `recoverable!(f)` the real item is a method of a trait implemented
+/// for `()` (found where `f` is defined, in a module or a block) and the
+/// fallback a method on `&T`, which method resolution reaches one autoref
+/// later; for `Type::method` the real item is inherent and the fallback a
+/// trait's, which resolution reaches after the inherent ones. (For
+/// `module::f` the hidden fn is named by its path, and a missing one is
+/// rustc's "cannot find function": modules have no fallback.)
 pub(crate) fn recoverable(input: TokenStream) -> syn::Result<TokenStream> {
     let parser = |stream: syn::parse::ParseStream| -> syn::Result<(Path, Option<syn::Expr>)> {
         let path: Path = stream.parse()?;
@@ -126,6 +155,10 @@ pub(crate) fn recoverable(input: TokenStream) -> syn::Result<TokenStream> {
         Ok((path, service))
     };
     let (mut path, service) = syn::parse::Parser::parse2(parser, input)?;
+    let text = quote::ToTokens::to_token_stream(&path)
+        .to_string()
+        .replace(' ', "");
+    let unqualified = path.segments.len() == 1 && path.leading_colon.is_none();
     let last = path.segments.last_mut().ok_or_else(|| {
         syn::Error::new(
             Span::call_site(),
@@ -133,10 +166,74 @@ pub(crate) fn recoverable(input: TokenStream) -> syn::Result<TokenStream> {
         )
     })?;
     // On the user's token: a function without `recover` is reported there.
-    last.ident = syn::Ident::new(&format!("__idem_recover_{}", last.ident), last.ident.span());
-    Ok(match service {
-        Some(service) => quote!(#path(#service)),
-        None => quote!(#path()),
-    })
+    let span = last.ident.span();
+    let hidden = syn::Ident::new(&format!("__idem_recover_{}", last.ident), span);
+    last.ident = hidden.clone();
+    let arg = match &service {
+        Some(service) => quote!(#service),
+        // On the function's name too: an error about the missing service
+        // (or `recover`) points there.
+        None => quote_spanned!(span=> ()),
+    };
+    let message = format!("`{text}` has no `recover`: there is no recovery to register");
+    // Where a function that has `recover` may still not be found.
+    let where_note = match (&service, unqualified) {
+        (Some(_), _) => None,
+        (None, true) => Some(format!(
+            "a function with `recover` that is defined in another module is named by its path: `recoverable!(module::{text})`"
+        )),
+        (None, false) => Some(
+            "a `&self` method is registered with the service it runs on: `recoverable!(Service::method, service)`"
+                .to_owned(),
+        ),
+    };
+    let where_note = where_note.map(|note| quote!(, note = #note));
+    let (fallback, call) = if unqualified {
+        (
+            quote! {
+                #[allow(non_camel_case_types, dead_code)]
+                trait __idem_fallback: ::core::marker::Sized {
+                    fn #hidden<__M: __idem_no_recover, __R>(self, _: __M) -> __R {
+                        ::core::unreachable!()
+                    }
+                }
+                impl<__T: ?::core::marker::Sized> __idem_fallback for &__T {}
+            },
+            quote_spanned!(span=> ().#hidden(#arg)),
+        )
+    } else {
+        (
+            quote! {
+                // The bound on `Self`, the type named before the function:
+                // the error is drawn on that path, not on the service.
+                #[allow(non_camel_case_types, dead_code)]
+                trait __idem_fallback {
+                    fn #hidden<__S, __R>(_: __S) -> __R
+                    where
+                        Self: __idem_no_recover,
+                    {
+                        ::core::unreachable!()
+                    }
+                }
+                impl<__T: ?::core::marker::Sized> __idem_fallback for __T {}
+            },
+            quote_spanned!(span=> #path(#arg)),
+        )
+    };
+    Ok(quote! {{
+        #[allow(non_camel_case_types, dead_code)]
+        #[diagnostic::on_unimplemented(
+            message = #message,
+            label = "registered here",
+            note = "add `recover` to its attribute, `#[idempotent(…, recover)]`: the call's arguments are then stored with its claim, and a worker finishes the call when its caller never comes back"
+            #where_note
+        )]
+        trait __idem_no_recover {}
+        #[allow(dead_code)]
+        enum __IdemNever {}
+        #[diagnostic::do_not_recommend]
+        impl __idem_no_recover for __IdemNever {}
+        #fallback
+        #call
+    }})
 }
-

@@ -34,7 +34,8 @@ pub use final_err::{
 };
 pub use recover::{
     ArgProbe, ArgSerializeHolds, ArgSerializeMissing, ArgsWriter, DecodeHolds, DecodeMissing,
-    DecodeProbe, RecoverableArg, RecoverableArgSerialize, assert_recoverable_arg, recovery_end,
+    DecodeProbe, RecoverableArg, RecoverableArgSerialize, RecoveryService, assert_recoverable_arg,
+    recovery_end,
 };
 pub use std::boxed::Box;
 pub use std::sync::Arc;

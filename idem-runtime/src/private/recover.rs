@@ -11,6 +11,7 @@
 #![allow(missing_docs)]
 
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -23,9 +24,13 @@ use crate::recovery::Ended;
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be stored for recovery: it is not `Serialize + DeserializeOwned`",
     label = "with `recover`, every argument is stored with the claim, so that a worker can run the call again",
-    note = "derive `serde::Serialize` and `serde::Deserialize` for `{Self}`, take a stored value instead (an id rather than a connection or a handle), or drop `recover`"
+    note = "derive `serde::Serialize` and `serde::Deserialize` for `{Self}`, take a stored value instead (an id rather than a connection or a handle), or drop `recover`",
+    note = "a service's handles (a pool, a client) belong in the service a `&self` method is registered with: `recoverable!(Service::method, service)`; an axum handler's extractors belong in a handler without `recover` that calls such a method (idem_runtime::guide::recovery)"
 )]
 pub trait RecoverableArgSerialize {}
+// Not recommended: the error names this trait and its notes, not `Serialize`
+// and the two hundred types that implement it.
+#[diagnostic::do_not_recommend]
 impl<T: Serialize + ?Sized> RecoverableArgSerialize for T {}
 
 /// An argument a `recover` call can store and a worker can decode again.
@@ -157,6 +162,25 @@ impl<A> NeverDecoded<A> {
     const ERROR: () = panic!(
         "idem: decoding recovery arguments fell back to `DecodeMissing` in a crate with no type error; please report this as a bug in idem"
     );
+}
+
+/// The service a `&self` method with `recover` is registered with: the
+/// service, or an `Arc` of it.
+#[diagnostic::on_unimplemented(
+    message = "a `&self` method of `{S}` is registered with the service it runs on, and `{Self}` is not one",
+    label = "the worker calls the method on this value",
+    note = "register it as `recoverable!({S}::method, service)`, with the `{S}` (or an `Arc<{S}>`) the worker calls the method on"
+)]
+pub trait RecoveryService<S> {
+    fn into_service(self) -> Arc<S>;
+}
+
+#[diagnostic::do_not_recommend]
+impl<S, T: Into<Arc<S>>> RecoveryService<S> for T {
+    #[inline]
+    fn into_service(self) -> Arc<S> {
+        self.into()
+    }
 }
 
 /// What the worker needs to know of the function's result.
