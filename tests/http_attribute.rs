@@ -204,6 +204,11 @@ mod axum_handlers {
         let reused = send(Some("t-1"), 900).await.unwrap();
         assert_eq!(reused.status(), StatusCode::UNPROCESSABLE_ENTITY);
         assert_eq!(reused.headers()["content-type"], "application/problem+json");
+        // Only the fingerprint's fields are compared on this path, not the
+        // method, path or body as under the layer: the detail says so.
+        let detail = reused.text().await.unwrap();
+        assert!(detail.contains("different payload"), "{detail}");
+        assert!(!detail.contains("method, path or body"), "{detail}");
 
         for bad in [None, Some("no spaces")] {
             let r = send(bad, 500).await.unwrap();

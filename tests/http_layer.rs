@@ -164,6 +164,8 @@ async fn the_same_key_with_another_payload_is_422() {
     let other = post_with(&c, &url, "t1", Some(&k), "b").await;
     assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
     assert!(is_problem(&other));
+    let detail = other.text().await.unwrap();
+    assert!(detail.contains("method, path or body"), "{detail}");
     // Another path with the same key and body is another request too.
     let path = c
         .post(format!("{url}?x=1"))

@@ -15,7 +15,7 @@ use crate::error::Error;
 use crate::key::{KeyEncoder, KeyPart};
 use crate::protocol::StoredForm;
 
-use super::problem::for_error;
+use super::problem::{Compared, for_error};
 use super::stored::{ReadingValue, WritingValue, storable};
 
 /// The [`StoredForm`] marker of axum's response types: `Json<T>` is stored as
@@ -192,7 +192,13 @@ impl<T: Serialize> KeyPart for Json<T> {
 /// detail never names scopes or stored data.
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
-        for_error(&self, Duration::from_secs(1), Duration::from_secs(10)).map(axum::body::Body::new)
+        for_error(
+            &self,
+            Compared::Fingerprint,
+            Duration::from_secs(1),
+            Duration::from_secs(10),
+        )
+        .map(axum::body::Body::new)
     }
 }
 

@@ -45,11 +45,22 @@ pub(crate) fn retry_after_secs(
     )
 }
 
+/// What a 422 says was compared: the layer fingerprints the whole request,
+/// the attribute only the fields its `fingerprint` names.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Compared {
+    /// `IdempotencyLayer`: method, path and body.
+    Request,
+    /// `#[idempotent]` on a handler: its `fingerprint` fields.
+    Fingerprint,
+}
+
 /// The answer to an idem error, as problem+json: 409 with `Retry-After` for a
 /// call in progress, 422 for a key reused with another payload, 503 for a
 /// store failure, 500 otherwise.
 pub(crate) fn for_error(
     e: &crate::Error,
+    compared: Compared,
     min: std::time::Duration,
     max: std::time::Duration,
 ) -> Response<Full<Bytes>> {
@@ -67,7 +78,14 @@ pub(crate) fn for_error(
         }
         Error::KeyReuse { .. } => problem(
             StatusCode::UNPROCESSABLE_ENTITY,
-            "this idempotency key was already used with a different request (method, path or body); a new request needs a new key",
+            match compared {
+                Compared::Request => {
+                    "this idempotency key was already used with a different request (method, path or body); a new request needs a new key"
+                }
+                Compared::Fingerprint => {
+                    "this idempotency key was already used with a different payload (the fields the endpoint compares differ); a new request needs a new key"
+                }
+            },
         ),
         Error::Store(_) => problem(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -25,7 +25,7 @@ use crate::store::Store as _;
 
 use super::key::KeyProblem;
 use super::layer::Config;
-use super::problem::{NO_CALLER, for_error, problem};
+use super::problem::{Compared, NO_CALLER, for_error, problem};
 use super::stored;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -328,7 +328,12 @@ where
         }
         Err(Failure::Pass(res)) => Ok(*res),
         Err(Failure::Inner(e)) => Err(e),
-        Err(Failure::Idem(e)) => Ok(left(for_error(&e, config.retry_min, config.retry_max))),
+        Err(Failure::Idem(e)) => Ok(left(for_error(
+            &e,
+            Compared::Request,
+            config.retry_min,
+            config.retry_max,
+        ))),
     }
 }
 
