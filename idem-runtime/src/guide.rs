@@ -26,6 +26,25 @@
 //!
 //! A page whose examples need a feature is there when the feature is on
 //! (docs.rs builds with all of them).
+//!
+//! The smallest service the pages build on: one annotated function, the
+//! in-process store, a duplicate answered from the record.
+//!
+//! ```
+//! use idem_runtime::idempotent;
+//! use idem_runtime::store::memory::MemoryStore;
+//!
+//! #[idempotent(scope = "guide.hello", key = "order_no")]
+//! async fn place(order_no: String) -> Result<String, idem_runtime::Error> {
+//!     Ok(format!("placed {order_no}"))
+//! }
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! idem_runtime::install(MemoryStore::new());
+//! assert_eq!(place("A-1".into()).await.unwrap(), "placed A-1");
+//! assert_eq!(place("A-1".into()).await.unwrap(), "placed A-1"); // the record's answer
+//! # });
+//! ```
 
 #[doc = include_str!("../guide/attribute.md")]
 #[cfg(all(feature = "sqlite", feature = "client"))]
