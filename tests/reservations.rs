@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use idem_runtime::supervisor::PartState;
 use idem_tests::services;
 
 // ============================ SERVICE: begin ============================
@@ -210,7 +211,7 @@ impl Reservations {
         })
     }
 
-    #[idempotent(scope = "reservations.create", key = "tenant|key", store = self.store.clone(), final_err = AppError::declined, recover)]
+    #[idempotent(scope = "reservations.create", key = "tenant|key", store = self.store.clone(), final_err = AppError::declined, lease = "2s", recover)]
     pub async fn create(
         &self,
         tenant: String,
@@ -399,12 +400,17 @@ async fn carrier_book(
         )
             .into_response();
     }
-    let mut bookings = carrier.bookings.lock().unwrap();
-    let n = bookings.len() + 1;
-    let booking = bookings
-        .entry(key)
-        .or_insert_with(|| format!("TR-{n}"))
-        .clone();
+    let (booking, new) = {
+        let mut bookings = carrier.bookings.lock().unwrap();
+        let n = bookings.len() + 1;
+        let new = !bookings.contains_key(&key);
+        let booking = bookings.entry(key).or_insert_with(|| format!("TR-{n}"));
+        (booking.clone(), new)
+    };
+    if new && card.contains("slow") {
+        // Booked, but the answer is late: its caller is gone by then.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
     (
         StatusCode::CREATED,
         Json(serde_json::json!({ "booking": booking })),
@@ -515,6 +521,25 @@ async fn the_reservations_service_end_to_end() {
     };
     let (stream, parking_stream) = (streams.stream.clone(), streams.parking_stream.clone());
 
+    // On a task, so that a failed assertion still removes the schema and
+    // the streams before it fails the test.
+    let scenario = tokio::spawn(scenario(store, js.clone(), streams));
+    let outcome = scenario.await;
+    let _ = js.delete_stream(&stream).await;
+    let _ = js.delete_stream(&parking_stream).await;
+    db.close().await;
+    sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    if let Err(failed) = outcome {
+        std::panic::resume_unwind(failed.into_panic());
+    }
+}
+
+async fn scenario(store: PgStore, js: async_nats::jetstream::Context, streams: Streams) {
+    let db = store.pool().clone();
+    let stream = streams.stream.clone();
     let carrier = Arc::new(Carrier::default());
     let carrier_url = serve(
         Router::new()
@@ -617,34 +642,101 @@ async fn the_reservations_service_end_to_end() {
     assert_eq!(service.releases.load(Ordering::SeqCst), 1, "released once");
     assert_eq!(count(&db, "SELECT COUNT(*) FROM reservations").await, 2);
 
-    // The "reserved" messages: relayed and settled, each exactly once.
-    eventually("a settlement per reservation", || {
+    // A caller that dies mid-flow (the process's future dropped while the
+    // carrier answers, after the booking): once the claim's lease ran out,
+    // the recovery worker finishes the flow, the carrier's booking found
+    // again by the step's key, and the client's retry gets its result.
+    let slow = Reserve {
+        room: "404".into(),
+        nights: 2,
+        card: "4242-slow".into(),
+    };
+    let call = service.create("tenant:acme".into(), "k-3".into(), slow);
+    let dropped = tokio::time::timeout(Duration::from_millis(500), call).await;
+    assert!(dropped.is_err(), "dropped mid-flow: {dropped:?}");
+    assert_eq!(carrier.bookings(), 3, "booked, the answer never read");
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM reservations").await, 2);
+    eventually("the worker finished the abandoned flow", || {
         let db = db.clone();
-        async move { count(&db, "SELECT COUNT(*) FROM settlements").await >= 2 }
+        async move { count(&db, "SELECT COUNT(*) FROM reservations").await == 3 }
     })
     .await;
-    let per_reservation: Vec<(i64, String, i64)> = sqlx::query_as(
-        "SELECT r.id, r.tenant, COUNT(s.id) FROM reservations r \
-         LEFT JOIN settlements s ON s.reservation_id = r.id AND s.tenant = r.tenant \
-         GROUP BY r.id, r.tenant ORDER BY r.id",
-    )
-    .fetch_all(&db)
-    .await
-    .unwrap();
+    let recovered = client.reserve(acme, "k-3", "404", "4242-slow").await;
+    assert_eq!(recovered.status, StatusCode::CREATED, "{recovered:?}");
+    assert!(recovered.replayed, "the worker's result: {recovered:?}");
+    let recovered: Reservation = serde_json::from_value(recovered.body).unwrap();
     assert_eq!(
-        per_reservation,
-        [
-            (acme_reservation.id, "tenant:acme".to_owned(), 1),
-            (globex_reservation.id, "tenant:globex".to_owned(), 1),
-        ]
+        recovered.transfer, "TR-3",
+        "the booking the dropped call made"
     );
+    let slow_requests: Vec<_> = carrier
+        .requests()
+        .into_iter()
+        .filter(|(_, card)| card == "4242-slow")
+        .collect();
+    assert_eq!(
+        slow_requests.len(),
+        2,
+        "the dropped call's and the worker's"
+    );
+    assert_eq!(slow_requests[0].0, slow_requests[1].0, "under one key");
+    assert_eq!(carrier.bookings(), 3);
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM holds").await, 4);
+
+    // The "reserved" messages: relayed and settled, each exactly once.
+    let settled = |db: PgPool| async move {
+        let per_reservation: Vec<(i64, String, i64)> = sqlx::query_as(
+            "SELECT r.id, r.tenant, COUNT(s.id) FROM reservations r \
+             LEFT JOIN settlements s ON s.reservation_id = r.id AND s.tenant = r.tenant \
+             GROUP BY r.id, r.tenant ORDER BY r.id",
+        )
+        .fetch_all(&db)
+        .await
+        .unwrap();
+        per_reservation
+    };
+    eventually("a settlement per reservation", || {
+        let db = db.clone();
+        async move { count(&db, "SELECT COUNT(*) FROM settlements").await >= 3 }
+    })
+    .await;
+    let once = [
+        (acme_reservation.id, "tenant:acme".to_owned(), 1),
+        (globex_reservation.id, "tenant:globex".to_owned(), 1),
+        (recovered.id, "tenant:acme".to_owned(), 1),
+    ];
+    assert_eq!(settled(db.clone()).await, once);
     assert_eq!(
         count(&db, "SELECT COUNT(*) FROM idem_outbox WHERE state = 1").await,
-        2,
-        "two messages written (the replays wrote none), both sent"
+        3,
+        "three messages written (the replays wrote none), all sent"
     );
     let mut on_stream = js.get_stream(&stream).await.unwrap();
-    assert_eq!(on_stream.info().await.unwrap().state.messages, 2);
+    assert_eq!(on_stream.info().await.unwrap().state.messages, 3);
+
+    // Every message delivered again: the durable deleted under the running
+    // consumer, the part fails, the supervisor starts it again, and the new
+    // durable begins at the stream's first message. Each is a duplicate.
+    on_stream.delete_consumer("settlement").await.unwrap();
+    eventually("the consumer part started again", || {
+        let part = health.part("settlement").unwrap();
+        let again = part.restarts == 1 && part.state == PartState::Running;
+        async move { again }
+    })
+    .await;
+    eventually("the new durable acked the three messages", || {
+        let on_stream = on_stream.clone();
+        async move {
+            let info = on_stream.consumer_info("settlement").await;
+            info.is_ok_and(|i| i.ack_floor.stream_sequence == 3)
+        }
+    })
+    .await;
+    assert_eq!(
+        settled(db.clone()).await,
+        once,
+        "applied once, delivered twice"
+    );
 
     // The shutdown: every part stops, and run_until returns.
     assert!(health.is_healthy(), "{:?}", health.parts());
@@ -658,18 +750,8 @@ async fn the_reservations_service_end_to_end() {
     let names: Vec<&str> = parts.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(names, ["outbox", "recovery", "settlement"]);
     assert!(
-        parts
-            .iter()
-            .all(|p| p.state == idem_runtime::supervisor::PartState::Stopped),
+        parts.iter().all(|p| p.state == PartState::Stopped),
         "{parts:?}"
     );
-    assert_eq!(count(&db, "SELECT COUNT(*) FROM settlements").await, 2);
-
-    js.delete_stream(&stream).await.unwrap();
-    js.delete_stream(&parking_stream).await.unwrap();
-    db.close().await;
-    sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
-        .execute(&admin)
-        .await
-        .unwrap();
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM settlements").await, 3);
 }
