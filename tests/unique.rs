@@ -984,3 +984,21 @@ async fn mysql_returning_a_row_deleted_before_the_read_is_inserted_again() {
     pool.close().await;
     db.drop().await;
 }
+
+/// A service holding these is `Clone` (a compensation runs on a clone of
+/// `self`): none may ask its database type to be `Clone`, which sqlx's are not.
+#[test]
+fn the_helpers_are_clone_on_every_dialect() {
+    fn clone<T: Clone>() {}
+    use idem_runtime::unique::{InsertOnce, InsertReturning, Transition};
+    use sqlx::{MySql, Postgres, Sqlite};
+    clone::<InsertOnce<Postgres>>();
+    clone::<InsertReturning<Postgres>>();
+    clone::<Transition<Postgres>>();
+    clone::<InsertOnce<MySql>>();
+    clone::<InsertReturning<MySql>>();
+    clone::<Transition<MySql>>();
+    clone::<InsertOnce<Sqlite>>();
+    clone::<InsertReturning<Sqlite>>();
+    clone::<Transition<Sqlite>>();
+}

@@ -236,7 +236,7 @@ fn identifier(what: &str, name: &str) -> Result<(), sqlx::Error> {
 /// # Ok::<(), sqlx::Error>(())
 /// # }).unwrap();
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct InsertOnce<DB> {
     scope: String,
     sql: String,
@@ -244,6 +244,20 @@ pub struct InsertOnce<DB> {
     insert: String,
     conflict_on: Vec<String>,
     _db: PhantomData<fn() -> DB>,
+}
+
+// By hand: a derive would ask `DB: Clone`, which sqlx's database types are
+// not, and a service holding one could not be `Clone`.
+impl<DB> Clone for InsertOnce<DB> {
+    fn clone(&self) -> Self {
+        InsertOnce {
+            scope: self.scope.clone(),
+            sql: self.sql.clone(),
+            insert: self.insert.clone(),
+            conflict_on: self.conflict_on.clone(),
+            _db: PhantomData,
+        }
+    }
 }
 
 impl<DB: UniqueDialect> InsertOnce<DB> {
@@ -339,11 +353,23 @@ impl<DB: UniqueDialect> InsertOnce<DB> {
 /// # Ok::<(), sqlx::Error>(())
 /// # }).unwrap();
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Transition<DB> {
     scope: String,
     sql: String,
     _db: PhantomData<fn() -> DB>,
+}
+
+// By hand: a derive would ask `DB: Clone`, which sqlx's database types are
+// not, and a service holding one could not be `Clone`.
+impl<DB> Clone for Transition<DB> {
+    fn clone(&self) -> Self {
+        Transition {
+            scope: self.scope.clone(),
+            sql: self.sql.clone(),
+            _db: PhantomData,
+        }
+    }
 }
 
 impl<DB: UniqueDialect> Transition<DB> {

@@ -128,7 +128,7 @@ const ROUNDS: usize = 3;
 /// # Ok::<(), sqlx::Error>(())
 /// # }).unwrap();
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct InsertReturning<DB> {
     scope: String,
     /// The insert that returns the new row (PostgreSQL, SQLite), or the
@@ -138,6 +138,20 @@ pub struct InsertReturning<DB> {
     /// Reads the row by the values the insert was given, with its arguments.
     lookup: String,
     _db: PhantomData<fn() -> DB>,
+}
+
+// By hand: a derive would ask `DB: Clone`, which sqlx's database types are
+// not, and a service holding one could not be `Clone`.
+impl<DB> Clone for InsertReturning<DB> {
+    fn clone(&self) -> Self {
+        InsertReturning {
+            scope: self.scope.clone(),
+            insert: self.insert.clone(),
+            returns_new: self.returns_new,
+            lookup: self.lookup.clone(),
+            _db: PhantomData,
+        }
+    }
 }
 
 impl<DB: UniqueDialect> InsertOnce<DB> {
