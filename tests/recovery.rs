@@ -51,6 +51,8 @@ struct Effects {
     reject: AtomicBool,
     /// Step two fails retryably while set.
     flaky: AtomicBool,
+    /// How many times step two was entered.
+    entered: AtomicUsize,
 }
 
 static ORDERS: LazyLock<Effects> = LazyLock::new(Effects::default);
@@ -75,6 +77,7 @@ async fn unreserve(_ticket: u64) -> Result<(), AppError> {
 
 #[step("charge")]
 async fn charge(fx: &'static Effects, order_no: &str) -> Result<String, AppError> {
+    fx.entered.fetch_add(1, Ordering::SeqCst);
     while fx.hold.load(Ordering::SeqCst) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -103,6 +106,14 @@ static FLAKY: LazyLock<Effects> = LazyLock::new(Effects::default);
 async fn flaky(order_no: String) -> Result<String, AppError> {
     reserve(&FLAKY, 1).await?;
     charge(&FLAKY, &order_no).await
+}
+
+static DROPS: LazyLock<Effects> = LazyLock::new(Effects::default);
+
+#[idempotent(scope = "recovery.dropped_worker", key = "order_no", lease = "1s", store = &*STORE, recover)]
+async fn dropped_worker(order_no: String) -> Result<String, AppError> {
+    reserve(&DROPS, 1).await?;
+    charge(&DROPS, &order_no).await
 }
 
 /// A service whose method recovers on the value given at registration.
@@ -734,4 +745,35 @@ mod axum_handler {
         assert_eq!(SEATS.reserved.load(Ordering::SeqCst), 1);
         assert_eq!(SEATS.charged.load(Ordering::SeqCst), 1);
     }
+}
+
+/// Dropping the worker's future (its task aborted) stops the recovered call
+/// it was running, as dropping any idempotent call's future does: the call
+/// must not run on unwatched, charging after the worker is gone.
+#[tokio::test]
+async fn dropping_the_worker_stops_the_call_it_was_recovering() {
+    let _serial = SERIAL.lock().await;
+    abandon_in_step_two(&DROPS, dropped_worker("d-1".into())).await;
+    DROPS.hold.store(true, Ordering::SeqCst);
+    let entered = DROPS.entered.load(Ordering::SeqCst);
+    let w = Worker::builder(
+        &*STORE,
+        Recovery::new().register(recoverable!(dropped_worker)),
+    )
+    .poll_interval(Duration::from_millis(20))
+    .build();
+    let running = tokio::spawn(async move { w.run().await });
+    eventually("the worker's turn entered step two", || {
+        DROPS.entered.load(Ordering::SeqCst) > entered
+    })
+    .await;
+    running.abort();
+    let _ = running.await;
+    DROPS.hold.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        DROPS.charged.load(Ordering::SeqCst),
+        0,
+        "the call went on charging after its worker was dropped"
+    );
 }

@@ -150,7 +150,7 @@ fn decode_with_headers<T: DeserializeOwned>(
 
 /// Status, the handler's headers (a `Location`, an `ETag`) and the JSON body,
 /// replayed as they were; `Set-Cookie` and the connection's headers are never
-/// stored (see the README's "HTTP").
+/// stored (see the guide's [HTTP page](crate::guide::http)).
 impl<T: Serialize + DeserializeOwned> StoredForm<ViaAxum> for (StatusCode, HeaderMap, Json<T>) {
     fn to_stored(&self) -> Result<Vec<u8>, serde_json::Error> {
         encode_with_headers(self.0, &self.1, &self.2.0)

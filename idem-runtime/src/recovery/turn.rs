@@ -77,6 +77,10 @@ impl Worker {
         let run = tokio::spawn(tracing::Instrument::in_current_span(report::observed(
             context::expect(expectation.clone(), call),
         )));
+        // A dropped turn (the worker's future dropped) aborts the call with it,
+        // as dropping any idempotent call's future stops it: a spawned task
+        // whose handle is dropped would otherwise run on, unwatched.
+        let _abort = AbortOnDrop(run.abort_handle());
         let (ended, noted, _) = match run.await {
             Ok(done) => done,
             Err(e) => {
@@ -155,5 +159,14 @@ impl Worker {
                 Outcome::Failed
             }
         }
+    }
+}
+
+/// Aborts the recovered call's task when the turn is dropped before it ended.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
