@@ -564,6 +564,23 @@ fn returning_refuses_what_it_cannot_read_back() {
     };
     let values = "INSERT INTO t (a, b) VALUES (?1, ?2)";
     assert!(make(values, &["a"], &["id"]).is_ok());
+    // DEFAULT inside a value is not the keyword on its own.
+    assert!(
+        make(
+            "INSERT INTO t (a, b) VALUES (?1, 'DEFAULT')",
+            &["a"],
+            &["id"]
+        )
+        .is_ok()
+    );
+    assert!(
+        make(
+            "INSERT INTO t (a, b) VALUES (?1, coalesce(?2, 0))",
+            &["a"],
+            &["id"]
+        )
+        .is_ok()
+    );
     for (insert, on, columns) in [
         (values, &["c"][..], &["id"][..]), // the key is not inserted
         (values, &["a"], &[]),
@@ -571,6 +588,14 @@ fn returning_refuses_what_it_cannot_read_back() {
         ("INSERT INTO t VALUES (?1, ?2)", &["a"], &["id"]),
         (
             "INSERT INTO t (a, b) VALUES (?1, ?2), (?3, ?4)",
+            &["a"],
+            &["id"],
+        ),
+        // The read runs the values as a SELECT, where DEFAULT is invalid:
+        // the first call would work and every duplicate fail.
+        ("INSERT INTO t (a, b) VALUES (?1, DEFAULT)", &["a"], &["id"]),
+        (
+            "INSERT INTO t (a, b) VALUES (?1, default )",
             &["a"],
             &["id"],
         ),
@@ -954,6 +979,68 @@ async fn mysql_returning_on_another_key_fails_without_writing() {
         .await
         .unwrap();
     assert_eq!(rows, [("A".to_owned(), "r1".to_owned())]);
+    db.drop().await;
+}
+
+/// A NULL in a key column is never a duplicate on MySQL, so the row just
+/// inserted is not found by its key: the call fails at once, having written
+/// that one row, never inserting it again.
+#[tokio::test]
+async fn mysql_returning_with_a_null_key_fails_without_inserting_again() {
+    let Some(db) = mysql_db().await else { return };
+    sqlx::raw_sql(
+        "CREATE TABLE coupons (id BIGINT AUTO_INCREMENT PRIMARY KEY, user_id BIGINT NOT NULL, code VARCHAR(32) NULL, UNIQUE KEY (user_id, code))",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let ins = InsertOnce::<sqlx::MySql>::new(
+        "test.coupons",
+        "INSERT INTO coupons (user_id, code) VALUES (?, ?)",
+        &["user_id", "code"],
+    )
+    .unwrap()
+    .returning(&["id"])
+    .unwrap();
+    let err = ins
+        .run::<_, (i64,), _>(&db.pool, |q| q.bind(7_i64).bind(None::<String>))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("NULL"), "{err}");
+    let (rows,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM coupons")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 1, "the row is written once, not once per round");
+    db.drop().await;
+}
+
+/// MySQL has no conflict target: `conflict_on` columns that are not a unique
+/// key of their own match several rows, one of them another tenant's. The
+/// call fails rather than hand back any of them.
+#[tokio::test]
+async fn mysql_returning_on_columns_that_are_no_unique_key_fails() {
+    let Some(db) = mysql_db().await else { return };
+    sqlx::raw_sql(
+        "CREATE TABLE tenant_orders (id BIGINT AUTO_INCREMENT PRIMARY KEY, tenant VARCHAR(32) NOT NULL, no VARCHAR(32) NOT NULL, UNIQUE KEY (tenant, no));
+         INSERT INTO tenant_orders (tenant, no) VALUES ('acme', 'A-1'), ('initech', 'A-1')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let ins = InsertOnce::<sqlx::MySql>::new(
+        "test.tenant_orders",
+        "INSERT INTO tenant_orders (tenant, no) VALUES (?, ?)",
+        &["no"],
+    )
+    .unwrap()
+    .returning(&["id", "tenant"])
+    .unwrap();
+    let err = ins
+        .run::<_, (i64, String), _>(&db.pool, |q| q.bind("globex").bind("A-1"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("unique key"), "{err}");
     db.drop().await;
 }
 

@@ -337,16 +337,39 @@ impl<DB: UniqueDialect> InsertReturning<DB> {
                         .await?;
                     DB::inserted(&done)
                 };
-                let row = sqlx::query_with(&self.lookup, args.clone())
-                    .fetch_optional(&mut *conn)
+                let mut rows = sqlx::query_with(&self.lookup, args.clone())
+                    .fetch_all(&mut *conn)
                     .await?;
-                if let Some(row) = row {
-                    let row = T::from_row(&row)?;
-                    if new {
-                        return Ok(Found::New(row));
+                match rows.len() {
+                    1 => {
+                        let row = T::from_row(&rows.remove(0))?;
+                        if new {
+                            return Ok(Found::New(row));
+                        }
+                        conflict(&self.scope);
+                        return Ok(Found::Existing(row));
                     }
-                    conflict(&self.scope);
-                    return Ok(Found::Existing(row));
+                    // Our own row, just inserted, is not found by its key:
+                    // inserting again would only add rows. A NULL in a key
+                    // column does this (NULLs are never duplicates, so no
+                    // unique key stops the next insert either).
+                    0 if new => {
+                        return Err(super::invalid(format!(
+                            "{}: the insert wrote a row that no read by its `conflict_on` values finds: a key column was NULL (NULLs are never duplicates, so such a key does not name one row), or the values were converted on the way in; nothing was inserted again",
+                            self.scope
+                        )));
+                    }
+                    // Deleted between the insert and the read: insert again.
+                    0 => {}
+                    // Several rows hold the values: they are not a unique key
+                    // (MySQL has no conflict target to refuse it), and any one
+                    // of them could be another caller's.
+                    n => {
+                        return Err(super::invalid(format!(
+                            "{}: {n} rows hold the `conflict_on` values: they must be a unique key of the table on their own",
+                            self.scope
+                        )));
+                    }
                 }
             }
             tracing::warn!(
@@ -406,7 +429,15 @@ fn parts(insert: &str) -> Result<Parts<'_>, sqlx::Error> {
         if !inner[close + 1..].trim().is_empty() {
             return Err(unsupported("it writes one row, a single VALUES (…)"));
         }
-        format!("SELECT {}", &inner[..close])
+        let values = &inner[..close];
+        // The read runs the values again as a SELECT, where DEFAULT means
+        // nothing: the insert would work and every duplicate's read fail.
+        if items(values).any(|v| v.eq_ignore_ascii_case("DEFAULT")) {
+            return Err(unsupported(
+                "DEFAULT among the VALUES: leave that column out of the list instead",
+            ));
+        }
+        format!("SELECT {values}")
     } else if word(rest, "SELECT").is_some() {
         rest.to_owned()
     } else {
@@ -417,6 +448,31 @@ fn parts(insert: &str) -> Result<Parts<'_>, sqlx::Error> {
         columns,
         source,
     })
+}
+
+/// The comma-separated items of a VALUES list, past nested parentheses and
+/// quoted text, each trimmed.
+fn items(values: &str) -> impl Iterator<Item = &str> {
+    let mut depth = 0usize;
+    let mut quote = None;
+    let mut start = 0;
+    let mut cuts = Vec::new();
+    for (at, c) in values.char_indices() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '\'' | '"' | '`') => quote = Some(c),
+            (None, '(') => depth += 1,
+            (None, ')') => depth = depth.saturating_sub(1),
+            (None, ',') if depth == 0 => {
+                cuts.push(&values[start..at]);
+                start = at + 1;
+            }
+            _ => {}
+        }
+    }
+    cuts.push(&values[start..]);
+    cuts.into_iter().map(str::trim)
 }
 
 /// `text` after its leading `keyword` (any case) and the space after it.
