@@ -623,21 +623,58 @@ async fn streams_are_created_on_request_and_never_changed() {
         "the park landed in the stream created for it"
     );
 
-    // Again, and with a narrower subject the stream's `>` captures: used as
-    // they are.
+    // Again: used as they are.
     let created = js.get_stream(&name).await.unwrap().cached_info().created;
-    for subjects in [
-        vec![format!("{subject}.>")],
-        vec![format!("{subject}.paid")],
-    ] {
-        builder(&name, &parking, subjects)
-            .create_parking_stream(&parked_stream)
-            .connect(&js)
-            .await
-            .expect("an existing compatible stream is used as it is");
-    }
+    builder(&name, &parking, vec![format!("{subject}.>")])
+        .create_parking_stream(&parked_stream)
+        .connect(&js)
+        .await
+        .expect("an existing compatible stream is used as it is");
+    // A narrower subject the stream's `>` captures: the stream is used as it
+    // is, and a new durable reads only the subject asked for, so another
+    // event on the stream never reaches this handler.
+    let mut narrow = JetStreamSource::builder(&name, "settlement-paid", &parking)
+        .ack_wait(Duration::from_secs(2))
+        .create_stream([format!("{subject}.paid")])
+        .connect(&js)
+        .await
+        .expect("a wider stream is used as it is");
+    idem_jetstream::publish_raw(
+        &js,
+        &format!("{subject}.refunded"),
+        b"{not json",
+        Some("r-1"),
+    )
+    .await
+    .unwrap();
+    idem_jetstream::publish_raw(&js, &format!("{subject}.paid"), b"{not json", Some("p-2"))
+        .await
+        .unwrap();
+    let answers = process_next(&mut narrow, &runner(), 2, |_: OrderPaid| async {
+        Ok::<(), std::io::Error>(())
+    })
+    .await;
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    let parked = idem_jetstream::parked(&js, &parked_stream, 10)
+        .await
+        .unwrap();
+    let ids: Vec<_> = parked.iter().filter_map(|p| p.message_id.clone()).collect();
+    assert!(
+        !ids.contains(&"r-1".to_owned()),
+        "the refund reached the payments' durable: {ids:?}"
+    );
+    // The durable made for `.>` reads more than `.paid`: refused, not used.
+    let err = builder(&name, &parking, vec![format!("{subject}.paid")])
+        .connect(&js)
+        .await
+        .map(|_| ())
+        .expect_err("a durable reading beyond the subjects asked for");
+    assert!(
+        err.to_string().contains("beyond the subjects asked for"),
+        "{err}"
+    );
     let info = js.get_stream(&name).await.unwrap().cached_info().clone();
-    assert_eq!((info.created, info.state.messages), (created, 1));
+    assert_eq!((info.created, info.state.messages), (created, 3));
     assert_eq!(subjects_of(&js, &name).await, [format!("{subject}.>")]);
 
     // A stream that exists with other subjects.

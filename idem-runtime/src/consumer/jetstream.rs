@@ -248,6 +248,13 @@ impl JetStreamBuilder {
     /// or when the stream captures the parking subject (parked copies would
     /// come back as messages), `connect` fails saying so and changes nothing.
     ///
+    /// On a stream wider than asked (`orders.>` for `orders.paid`) the
+    /// durable reads only what was asked: a new durable is made with that
+    /// subject as its filter (one subject: several need nats-server 2.10),
+    /// and a durable that would read beyond it (an existing one without that
+    /// filter, or several subjects asked on a wider stream) fails `connect`,
+    /// so another event on the stream never reaches the handler.
+    ///
     /// ```no_run
     /// use idem_runtime::consumer::jetstream::JetStreamSource;
     ///
@@ -311,11 +318,45 @@ impl JetStreamBuilder {
                     ack_policy: AckPolicy::Explicit,
                     ack_wait: self.ack_wait,
                     max_deliver: -1,
+                    // A wider stream than asked for (`orders.>` for
+                    // `orders.paid`) is used as it is: the durable reads only
+                    // the subject asked for, or a refund would decode as a
+                    // payment. One subject: a filter of several needs
+                    // nats-server 2.10 (async-nats' `server_2_10`); several
+                    // on a wider stream are refused below instead.
+                    filter_subject: match self.create_stream.as_deref() {
+                        Some([one]) => one.clone(),
+                        _ => String::new(),
+                    },
                     ..pull::Config::default()
                 },
             )
             .await
             .map_err(broker)?;
+        if let Some(asked) = &self.create_stream {
+            // An existing durable keeps its own filter: one that reads
+            // subjects beyond those asked for is refused, not used.
+            let filter = &consumer.cached_info().config.filter_subject;
+            let captured = if filter.is_empty() {
+                stream.cached_info().config.subjects.clone()
+            } else {
+                vec![filter.clone()]
+            };
+            if let Some(extra) = captured
+                .iter()
+                .find(|s| !asked.iter().any(|a| streams::covers(a, s)))
+            {
+                return Err(BrokerError::new(
+                    "nats",
+                    format!(
+                        "the durable `{}` on stream `{}` reads `{extra}`, beyond the subjects asked for ({}): give it a filter (`nats consumer edit`) or ask for those subjects",
+                        self.durable,
+                        self.stream,
+                        asked.join(", ")
+                    ),
+                ));
+            }
+        }
         // An existing durable keeps its own settings, and the server hands
         // none of its consumers more than `max_ack_pending` unacked messages
         // in all: nothing else would tell why a runner's slots stay empty.
