@@ -79,17 +79,19 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{AckPolicy, pull};
 use async_nats::jetstream::message::PublishMessage;
-use async_nats::jetstream::stream::RawMessageErrorKind;
 use async_nats::jetstream::{self, AckKind, Context};
 use futures_util::StreamExt;
 use serde::Serialize;
 
-use super::{BrokerError, Delivery, Parked, Source};
+use super::{BrokerError, Delivery, Source};
 
 mod escape;
+mod parking;
 pub(crate) mod streams;
 
-use escape::{escaped, unescaped};
+pub use parking::parked;
+
+use escape::escaped;
 
 fn broker(e: impl std::error::Error + Send + Sync + 'static) -> BrokerError {
     BrokerError::new("nats", e)
@@ -136,70 +138,6 @@ pub async fn publish_raw(
         .await
         .map_err(broker)?;
     Ok(())
-}
-
-/// Up to `count` messages of `parking_stream` (the stream capturing the
-/// parking subject), oldest first, each with why it was parked.
-///
-/// Reading leaves them parked: each is fetched by sequence (`STREAM.MSG.GET`),
-/// with no consumer, so this works on any retention, a work queue's too.
-/// Remove one once handled with `Stream::delete_message(position)`.
-///
-/// ```no_run
-/// use idem_runtime::consumer::jetstream;
-///
-/// # async fn go() -> Result<(), Box<dyn std::error::Error>> {
-/// let js = async_nats::jetstream::new(async_nats::connect("nats://127.0.0.1:4222").await?);
-/// for p in jetstream::parked(&js, "ORDERS_PARKED", 100).await? {
-///     println!("{:?} after {:?} deliveries: {}", p.message_id, p.deliveries, p.reason);
-/// }
-/// # Ok(()) }
-/// ```
-pub async fn parked(
-    js: &Context,
-    parking_stream: &str,
-    count: usize,
-) -> Result<Vec<Parked>, BrokerError> {
-    let stream = js
-        .get_stream_no_info(parking_stream)
-        .await
-        .map_err(broker)?;
-    let mut out = Vec::new();
-    let mut next = 1;
-    while out.len() < count {
-        // The first message at or after `next`, over deleted ones.
-        let m = match stream.get_first_raw_message_by_subject(">", next).await {
-            Ok(m) => m,
-            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => break,
-            Err(e) => return Err(broker(e)),
-        };
-        next = m.sequence + 1;
-        let escaped = m.headers.get(ESCAPED).is_some();
-        let header = |name: &str| {
-            m.headers.get(name).map(|v| {
-                if escaped {
-                    unescaped(v.as_str())
-                } else {
-                    v.as_str().to_owned()
-                }
-            })
-        };
-        out.push(Parked {
-            reason: header(REASON).unwrap_or_default(),
-            // By the constant: a name given as text never matches a standard
-            // header that the server's reply was parsed into.
-            message_id: m
-                .headers
-                .get(async_nats::header::NATS_MESSAGE_ID)
-                .map(|v| v.as_str().to_owned()),
-            origin: header(STREAM),
-            deliveries: header(DELIVERIES).and_then(|n| n.parse().ok()),
-            parked_at: Some(m.time.into()),
-            position: Some(m.sequence.to_string()),
-            payload: m.payload.to_vec(),
-        });
-    }
-    Ok(out)
 }
 
 // What a parked copy carries besides the message's own headers.
@@ -318,12 +256,8 @@ impl JetStreamBuilder {
                     ack_policy: AckPolicy::Explicit,
                     ack_wait: self.ack_wait,
                     max_deliver: -1,
-                    // A wider stream than asked for (`orders.>` for
-                    // `orders.paid`) is used as it is: the durable reads only
-                    // the subject asked for, or a refund would decode as a
-                    // payment. One subject: a filter of several needs
-                    // nats-server 2.10 (async-nats' `server_2_10`); several
-                    // on a wider stream are refused below instead.
+                    // On a wider stream than asked, only what was asked
+                    // (`streams::reads_only` says why, and checks).
                     filter_subject: match self.create_stream.as_deref() {
                         Some([one]) => one.clone(),
                         _ => String::new(),
@@ -334,28 +268,9 @@ impl JetStreamBuilder {
             .await
             .map_err(broker)?;
         if let Some(asked) = &self.create_stream {
-            // An existing durable keeps its own filter: one that reads
-            // subjects beyond those asked for is refused, not used.
             let filter = &consumer.cached_info().config.filter_subject;
-            let captured = if filter.is_empty() {
-                stream.cached_info().config.subjects.clone()
-            } else {
-                vec![filter.clone()]
-            };
-            if let Some(extra) = captured
-                .iter()
-                .find(|s| !asked.iter().any(|a| streams::covers(a, s)))
-            {
-                return Err(BrokerError::new(
-                    "nats",
-                    format!(
-                        "the durable `{}` on stream `{}` reads `{extra}`, beyond the subjects asked for ({}): give it a filter (`nats consumer edit`) or ask for those subjects",
-                        self.durable,
-                        self.stream,
-                        asked.join(", ")
-                    ),
-                ));
-            }
+            let stream_subjects = &stream.cached_info().config.subjects;
+            streams::reads_only(asked, filter, stream_subjects, &self.durable, &self.stream)?;
         }
         // An existing durable keeps its own settings, and the server hands
         // none of its consumers more than `max_ack_pending` unacked messages

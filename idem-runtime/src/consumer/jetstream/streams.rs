@@ -153,6 +153,37 @@ pub(crate) fn covers(pattern: &str, subject: &str) -> bool {
     }
 }
 
+/// Refuses a durable that reads beyond the subjects asked for. A wider
+/// stream than asked (`orders.>` for `orders.paid`) is used as it is, but a
+/// durable reading all of it would hand the handler other events (a refund
+/// decoding as a payment). A new durable gets the one subject asked for as
+/// its filter (several need nats-server 2.10, async-nats' `server_2_10`); an
+/// existing one keeps its own filter, and without a filter it reads the
+/// whole stream.
+pub(crate) fn reads_only(
+    asked: &[String],
+    filter: &str,
+    stream_subjects: &[String],
+    durable: &str,
+    stream: &str,
+) -> Result<(), BrokerError> {
+    let read = if filter.is_empty() {
+        stream_subjects.to_vec()
+    } else {
+        vec![filter.to_owned()]
+    };
+    match read.iter().find(|s| !asked.iter().any(|a| covers(a, s))) {
+        None => Ok(()),
+        Some(extra) => Err(BrokerError::new(
+            "nats",
+            format!(
+                "the durable `{durable}` on stream `{stream}` reads `{extra}`, beyond the subjects asked for ({}): give it a filter (`nats consumer edit`) or ask for those subjects",
+                asked.join(", ")
+            ),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::covers;
