@@ -129,7 +129,12 @@ impl Runner {
         let start = |delivery| {
             let (runner, handler) = (self.clone(), handler.clone());
             let task = tokio::spawn(async move { runner.process(delivery, &*handler).await });
+            // Dropped with the loop (its future dropped, or a supervisor's
+            // timeout), the delivery stops at its `.await` as under `run`:
+            // a task whose handle is dropped would go on, unwatched.
+            let abort = AbortOnDrop(task.abort_handle());
             async move {
+                let _abort = abort;
                 match task.await {
                     Ok(done) => done,
                     Err(e) => match e.try_into_panic() {
@@ -214,4 +219,14 @@ enum Step<D> {
     Next(Result<D, BrokerError>),
     Done(Result<Action, BrokerError>),
     Stop,
+}
+
+/// Aborts a spawned delivery's task when the future awaiting it is dropped
+/// before it ended.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

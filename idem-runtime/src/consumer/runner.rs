@@ -331,7 +331,9 @@ impl Runner {
     /// pool by cloning it into the closure). Everything else is as `run`: the
     /// same outcomes, acks, retries and parking, in flight at most
     /// `concurrency`; a panic that escapes a delivery's processing unwinds
-    /// through `run_spawned`, as it would through `run`.
+    /// through `run_spawned`, as it would through `run`; and dropping its
+    /// future aborts the deliveries' tasks, each stopping at its `.await` as
+    /// under `run` (none goes on unwatched to its ack).
     ///
     /// ```no_run
     /// use idem_runtime::consumer::{Runner, Source};

@@ -400,6 +400,51 @@ fn run_spawned_runs_each_delivery_on_a_task_of_its_own() {
     });
 }
 
+/// Dropping `run_spawned`'s future stops the deliveries it started, as
+/// dropping `run`'s does: none goes on to its handler's end and its ack.
+#[test]
+fn dropping_run_spawned_stops_the_deliveries_it_started() {
+    use std::sync::Arc;
+    block_on(async {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let logs = queue_ten(&tx);
+        let started = Arc::new(AtomicU32::new(0));
+        let finished = Arc::new(AtomicU32::new(0));
+        let release = Arc::new(tokio::sync::Semaphore::new(0));
+        let handler = {
+            let (started, finished, release) = (started.clone(), finished.clone(), release.clone());
+            move |_: String| {
+                let (started, finished, release) =
+                    (started.clone(), finished.clone(), release.clone());
+                async move {
+                    started.fetch_add(1, SeqCst);
+                    release.acquire().await.unwrap().forget();
+                    finished.fetch_add(1, SeqCst);
+                    Ok::<(), Failure>(())
+                }
+            }
+        };
+        let r = runner().concurrency(2);
+        let runner_task = tokio::spawn(async move { r.run_spawned(Channel(rx), handler).await });
+        while started.load(SeqCst) < 2 {
+            tokio::task::yield_now().await;
+        }
+        runner_task.abort();
+        assert!(runner_task.await.unwrap_err().is_cancelled());
+        release.add_permits(10);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            finished.load(SeqCst),
+            0,
+            "a delivery went on after run_spawned was dropped"
+        );
+        for log in logs {
+            assert!(log.lock().unwrap().is_empty(), "{:?}", log.lock().unwrap());
+        }
+        drop(tx);
+    });
+}
+
 /// A delivery whose broker call panics (the handler's own panics are
 /// caught and parked; this one is past them).
 struct PanicsOnAck;
