@@ -81,6 +81,7 @@
 // docs.rs builds with `--cfg docsrs` and marks each gated item with its feature.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod abort;
 #[cfg(feature = "client")]
 #[cfg_attr(docsrs, doc(cfg(feature = "client")))]
 pub mod client;

@@ -12,6 +12,7 @@ use futures_util::StreamExt;
 use futures_util::stream::{self, FuturesUnordered};
 
 use super::{Action, BrokerError, FromDelivery, Runner, Source};
+use crate::abort::AbortOnDrop;
 
 impl Runner {
     /// [`Runner::run`] until `stop` completes: then no new delivery is taken,
@@ -132,7 +133,7 @@ impl Runner {
             // Dropped with the loop (its future dropped, or a supervisor's
             // timeout), the delivery stops at its `.await` as under `run`:
             // a task whose handle is dropped would go on, unwatched.
-            let abort = AbortOnDrop(task.abort_handle());
+            let abort = AbortOnDrop::new(&task);
             async move {
                 let _abort = abort;
                 match task.await {
@@ -219,14 +220,4 @@ enum Step<D> {
     Next(Result<D, BrokerError>),
     Done(Result<Action, BrokerError>),
     Stop,
-}
-
-/// Aborts a spawned delivery's task when the future awaiting it is dropped
-/// before it ended.
-struct AbortOnDrop(tokio::task::AbortHandle);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }

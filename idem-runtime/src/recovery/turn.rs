@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::registry::{Ended, Recoverable};
 use super::stats::Outcome;
 use super::worker::Worker;
+use crate::abort::AbortOnDrop;
 use crate::observe::CallOutcome;
 use crate::protocol::args;
 use crate::protocol::recovering::{self as context, Expectation, Met};
@@ -80,7 +81,7 @@ impl Worker {
         // A dropped turn (the worker's future dropped) aborts the call with it,
         // as dropping any idempotent call's future stops it: a spawned task
         // whose handle is dropped would otherwise run on, unwatched.
-        let _abort = AbortOnDrop(run.abort_handle());
+        let _abort = AbortOnDrop::new(&run);
         let (ended, noted, _) = match run.await {
             Ok(done) => done,
             Err(e) => {
@@ -159,14 +160,5 @@ impl Worker {
                 Outcome::Failed
             }
         }
-    }
-}
-
-/// Aborts the recovered call's task when the turn is dropped before it ended.
-struct AbortOnDrop(tokio::task::AbortHandle);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }

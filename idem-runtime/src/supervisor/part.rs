@@ -9,6 +9,7 @@ use tokio::sync::watch;
 
 use super::health::{PartState, PartStatus};
 use super::stop::Stop;
+use crate::abort::AbortOnDrop;
 
 /// What a part's run ended with, other than `Ok`.
 pub(super) type PartError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -64,16 +65,6 @@ impl Report {
             .send_modify(|parts| parts[self.index].restarts += 1);
         metrics::counter!("idem_supervisor_restarts_total", "part" => self.name.clone())
             .increment(1);
-    }
-}
-
-/// Aborts the part's task when the supervisor's own is dropped (a shutdown
-/// timeout, a dropped `run_until`): a detached part would run on unwatched.
-struct AbortOnDrop(tokio::task::AbortHandle);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 
@@ -146,7 +137,7 @@ pub(super) async fn supervise(
 /// failure; marked `Stopping` when the shutdown comes while it runs.
 async fn run_once(start: &mut Start, stop: &Stop, report: &Report) -> Result<(), String> {
     let task = tokio::spawn(start(stop.clone()));
-    let _abort = AbortOnDrop(task.abort_handle());
+    let _abort = AbortOnDrop::new(&task);
     report.set(PartState::Running, None);
     tracing::info!(part = %report.name, "supervisor: part started");
     let mut task = std::pin::pin!(task);
