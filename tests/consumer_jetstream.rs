@@ -663,6 +663,27 @@ async fn streams_are_created_on_request_and_never_changed() {
         !ids.contains(&"r-1".to_owned()),
         "the refund reached the payments' durable: {ids:?}"
     );
+    // Several subjects on the wider stream: a durable cannot filter on them
+    // (one filter per durable before nats-server 2.10), so none is made.
+    let err = JetStreamSource::builder(&name, "settlement-two", &parking)
+        .create_stream([format!("{subject}.paid"), format!("{subject}.refunded")])
+        .connect(&js)
+        .await
+        .map(|_| ())
+        .expect_err("several subjects on a wider stream");
+    assert!(
+        err.to_string().contains("beyond the subjects asked for"),
+        "{err}"
+    );
+    assert!(
+        js.get_stream(&name)
+            .await
+            .unwrap()
+            .consumer_info("settlement-two")
+            .await
+            .is_err(),
+        "no durable is left behind"
+    );
     // The durable made for `.>` reads more than `.paid`: refused, not used.
     let err = builder(&name, &parking, vec![format!("{subject}.paid")])
         .connect(&js)

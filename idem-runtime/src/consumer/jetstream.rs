@@ -248,6 +248,12 @@ impl JetStreamBuilder {
             streams::ensure(js, name, std::slice::from_ref(&self.parking), None).await?;
         }
         let stream = js.get_stream(&self.stream).await.map_err(broker)?;
+        if let Some(asked) = self.create_stream.as_ref().filter(|a| a.len() > 1) {
+            // Several subjects get no filter (nats-server 2.9): a new durable
+            // would read the whole stream. Refused before one is made.
+            let stream_subjects = &stream.cached_info().config.subjects;
+            streams::reads_only(asked, "", stream_subjects, &self.durable, &self.stream)?;
+        }
         let consumer: async_nats::jetstream::consumer::Consumer<pull::Config> = stream
             .get_or_create_consumer(
                 &self.durable,
