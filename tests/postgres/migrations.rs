@@ -47,7 +47,8 @@ async fn migrating_twice_and_from_several_stores_at_once_is_harmless() {
         vec![
             (1, "create idem_records".to_owned()),
             (2, "create idem_outbox".to_owned()),
-            (3, "create idem_recovery".to_owned())
+            (3, "create idem_recovery".to_owned()),
+            (4, "leave room for completions in idem_records".to_owned())
         ]
     );
     let indexed: bool = sqlx::query_scalar(
@@ -58,6 +59,16 @@ async fn migrating_twice_and_from_several_stores_at_once_is_harmless() {
     .await
     .unwrap();
     assert!(indexed);
+    // Room on each page for the completion to rewrite a record in place.
+    let options: Option<Vec<String>> = sqlx::query_scalar(
+        "SELECT c.reloptions FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = $1 AND c.relname = 'idem_records'",
+    )
+    .bind(&schema.name)
+    .fetch_one(&schema.admin)
+    .await
+    .unwrap();
+    assert_eq!(options, Some(vec!["fillfactor=80".to_owned()]));
 
     let key = fresh_key("migrated");
     let claim = stores[1]

@@ -125,16 +125,20 @@ async fn a_replay_inside_a_transaction_takes_no_row_lock() {
 
 /// On the pool, a claim, a Busy answer, a completion and a replay are one
 /// statement each, counted from sqlx's per-statement events (see
-/// `idem_tests::statements`); so is a replay inside a caller's transaction.
+/// `idem_tests::statements`). Inside a caller's transaction a claim bets on a
+/// new key first (a plain insert), so a first claim there is one statement
+/// and a replay two: the insert that finds the row, and the claim that reads
+/// it.
 #[tokio::test]
 async fn a_claim_a_busy_answer_a_completion_and_a_replay_are_one_statement_each() {
     let Some(store) = store().await else { return };
     let (key, token) = (fresh_key("statements"), Token::random());
     let seen = idem_tests::statements::Statements::record();
-    let one = |what: &str| {
+    let count = |what: &str, n: usize| {
         let sent = seen.take();
-        assert_eq!(sent.len(), 1, "{what}: {sent:#?}");
+        assert_eq!(sent.len(), n, "{what}: {sent:#?}");
     };
+    let one = |what: &str| count(what, 1);
     let claim = store.claim(request(&key, token, TX_LEASE)).await.unwrap();
     assert!(matches!(claim, Claim::Acquired { .. }), "{claim:?}");
     one("a first claim");
@@ -166,7 +170,15 @@ async fn a_claim_a_busy_answer_a_completion_and_a_replay_are_one_statement_each(
         .await
         .unwrap();
     assert!(matches!(replay, Claim::Done(_)), "{replay:?}");
-    one("a replay in a transaction");
+    count("a replay in a transaction", 2);
+    let fresh = fresh_key("statements-in-tx");
+    let claim = tx
+        .tx_connection()
+        .claim(request(&fresh, Token::random(), TX_LEASE))
+        .await
+        .unwrap();
+    assert!(matches!(claim, Claim::Acquired { .. }), "{claim:?}");
+    one("a first claim in a transaction");
     tx.commit().await.unwrap();
 }
 

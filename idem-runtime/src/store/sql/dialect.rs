@@ -58,11 +58,19 @@ pub(crate) trait Dialect: sqlx::Database + RecoveryRows + Migrations {
     /// completion, so no completion statement follows: the transaction
     /// commits it with the body's writes or rolls it back with them. A dialect
     /// that cannot write it in the same statement completes right after.
+    ///
+    /// With `fresh_first` (the first round of a claim on the caller's
+    /// transaction, where nearly every call is a new key) a dialect may first
+    /// try a plain insert that only a new key takes, cheaper for the server
+    /// than the full upsert, at the price of a second statement for a key
+    /// that has a row. On the pool, where a replay must stay one statement,
+    /// it is false.
     fn upsert(
         conn: &mut Self::Connection,
         clock: &dyn Clock,
         req: ClaimRequest<'_>,
         done: Option<Completion<'_>>,
+        fresh_first: bool,
     ) -> impl Future<Output = Result<Upserted, sqlx::Error>> + Send;
 
     /// Marks the record DONE if `token` still owns it (PROCESSING).

@@ -45,6 +45,16 @@ pub(crate) fn millis(d: Duration) -> i64 {
     duration_millis(d).min(MAX_MILLIS)
 }
 
+/// How much earlier than its ttl from completion a completed record may
+/// expire (milliseconds): a hundredth of the ttl, at most a minute. A
+/// completion that comes this soon after its claim keeps the expiry the claim
+/// wrote, so PostgreSQL can rewrite the row in place (no indexed column
+/// changes, see its COMPLETE); a 7-day record then expires at most a minute
+/// early, a one-second one at most 10 ms early.
+pub(crate) fn completion_slack(ttl: Duration) -> i64 {
+    (millis(ttl) / 100).min(60_000)
+}
+
 /// A record as read back, with the clock of the reading (the server's, or the
 /// store's for SQLite) so every judgement on it agrees with the database.
 #[derive(Debug)]

@@ -53,6 +53,11 @@ pub(crate) const POSTGRES: &[Migration] = &[
         description: "create idem_recovery",
         sql: include_str!("../../../migrations/postgres/0003_recovery.sql"),
     },
+    Migration {
+        version: 4,
+        description: "leave room for completions in idem_records",
+        sql: include_str!("../../../migrations/postgres/0004_records_fillfactor.sql"),
+    },
 ];
 
 #[cfg(feature = "postgres")]

@@ -37,11 +37,14 @@ pub(crate) const MAX_ATTEMPTS: u32 = 6;
 ///
 /// With `done` (only inside the caller's transaction) the record is written
 /// DONE with that completion in the claim itself: see [`Dialect::upsert`].
+/// `in_tx` says the claim runs on the caller's transaction, where its first
+/// upsert may bet on a new key (see [`Dialect::upsert`]'s `fresh_first`).
 pub(crate) async fn claim_on<D: Dialect>(
     conn: &mut D::Connection,
     clock: &dyn Clock,
     req: ClaimRequest<'_>,
     done: Option<Completion<'_>>,
+    in_tx: bool,
 ) -> Result<Claim, sqlx::Error> {
     // A record written DONE lives for the completion's ttl, as a completed
     // one does; the dialects write `req.ttl`.
@@ -52,14 +55,14 @@ pub(crate) async fn claim_on<D: Dialect>(
         },
         None => req,
     };
-    for _ in 0..CLAIM_ROUNDS {
+    for round in 0..CLAIM_ROUNDS {
         if D::READ_FIRST
             && let Some(record) = D::read(conn, clock, req.key).await?
             && let Some(answer) = record.judge(req.token)?
         {
             return Ok(answer);
         }
-        let holder = match D::upsert(conn, clock, req, done).await? {
+        let holder = match D::upsert(conn, clock, req, done, in_tx && round == 0).await? {
             Upserted::Won(won) => {
                 // On the pool the row is already committed, so another caller
                 // may take a lease that began too long ago before it is
@@ -228,7 +231,7 @@ impl<D: Dialect> crate::store::Store for Core<D> {
 
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         self.retrying(|| async move {
-            claim_on::<D>(&mut *self.conn().await?, &*self.clock, req, None).await
+            claim_on::<D>(&mut *self.conn().await?, &*self.clock, req, None, false).await
         })
         .await
     }
@@ -309,7 +312,7 @@ impl<D: Dialect> crate::store::Store for Core<D> {
     ) -> Result<Claim, StoreError> {
         self.retrying(|| async move {
             let mut tx = self.pool.begin().await?;
-            let claim = claim_on::<D>(&mut tx, &*self.clock, req, None).await?;
+            let claim = claim_on::<D>(&mut tx, &*self.clock, req, None, false).await?;
             if let Claim::Acquired { takeover, .. } = claim {
                 D::keep_args(&mut tx, req.key, req.token, recovery, takeover).await?;
             }
@@ -502,7 +505,7 @@ macro_rules! tx_connection {
                 &mut self,
                 req: $crate::store::ClaimRequest<'_>,
             ) -> Result<$crate::store::Claim, $crate::StoreError> {
-                $crate::store::sql::store::claim_on::<$db>(self, &$clock, req, None)
+                $crate::store::sql::store::claim_on::<$db>(self, &$clock, req, None, true)
                     .await
                     .map_err(|e| $crate::StoreError::new(self.backend(), $crate::store::tx::IN_TX, e))
             }
@@ -516,7 +519,7 @@ macro_rules! tx_connection {
                 req: $crate::store::ClaimRequest<'_>,
                 completion: $crate::store::Completion<'_>,
             ) -> Result<$crate::store::Claim, $crate::StoreError> {
-                $crate::store::sql::store::claim_on::<$db>(self, &$clock, req, Some(completion))
+                $crate::store::sql::store::claim_on::<$db>(self, &$clock, req, Some(completion), true)
                     .await
                     .map_err(|e| $crate::StoreError::new(self.backend(), $crate::store::tx::IN_TX, e))
             }

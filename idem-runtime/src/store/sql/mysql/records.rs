@@ -75,6 +75,7 @@ impl Dialect for MySql {
         clock: &dyn Clock,
         req: ClaimRequest<'_>,
         done: Option<Completion<'_>>,
+        _fresh_first: bool,
     ) -> Result<Upserted, sqlx::Error> {
         let sent = Instant::now();
         let claimed = sqlx::query(CLAIM)

@@ -1,5 +1,5 @@
-//! The record's life on PostgreSQL: the claim (CLAIM, or INSERT_DONE first
-//! for a result known before the body, then TAKE for a record that may be
+//! The record's life on PostgreSQL: the claim (CLAIM, or INSERT_FRESH first
+//! inside the caller's transaction, then TAKE for a record that may be
 //! taken over), completion, release, renewal, eviction, the purge of dead
 //! records, the counts, and which server errors are worth a retry. The SQL is
 //! in `statements.rs`.
@@ -14,7 +14,9 @@ use super::statements::*;
 use crate::clock::Clock;
 use crate::key::Key;
 use crate::store::sql::dialect::Dialect;
-use crate::store::sql::record::{Record, Upserted, Won, claimed_state, millis, released_up_to};
+use crate::store::sql::record::{
+    Record, Upserted, Won, claimed_state, completion_slack, millis, released_up_to,
+};
 use crate::store::sql::store::{stats_of, stats_sql};
 use crate::store::{ClaimRequest, Completion, Token};
 
@@ -66,9 +68,10 @@ impl Dialect for Postgres {
         _: &dyn Clock,
         req: ClaimRequest<'_>,
         done: Option<Completion<'_>>,
+        fresh_first: bool,
     ) -> Result<Upserted, sqlx::Error> {
-        if done.is_some()
-            && let Some(row) = claim_query(INSERT_DONE, &req, done)
+        if fresh_first
+            && let Some(row) = claim_query(INSERT_FRESH, &req, done)
                 .fetch_optional(&mut *conn)
                 .await?
         {
@@ -106,6 +109,7 @@ impl Dialect for Postgres {
             .bind(millis(completion.ttl))
             .bind(key(k))
             .bind(&token.as_bytes()[..])
+            .bind(completion_slack(completion.ttl))
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)

@@ -79,16 +79,19 @@ FROM idem_records CROSS JOIN clock
 WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM ins)"
 );
 
-// `claim_done`'s first try, for a key with no row at all (a consumer's new
-// message, the usual case): a plain insert of the DONE record. It costs the
-// server less than CLAIM's data-modifying CTE and its read of the row that is
-// there (measured with pgbench at 16 clients: 0.84–0.94 of the reference
-// notes' dedup insert per transaction, against 0.75–0.82 for CLAIM). A row
-// already there (a replay, a busy or released record) returns nothing and
-// CLAIM decides, so such a call costs a statement more. ON CONFLICT DO NOTHING
-// locks nothing and waits only on another transaction's uncommitted insert of
-// the key, as CLAIM's insert would.
-pub(super) const INSERT_DONE: &str = concat!(
+// A claim's first try inside the caller's transaction, for a key with no row
+// at all (a new order, a consumer's new message: the usual case there): a
+// plain insert of the fresh record, PROCESSING or (`claim_done`) DONE. It
+// costs the server less than CLAIM's data-modifying CTE and its read of the
+// row that is there (pgbench, 16 clients, the record and one business insert
+// per transaction: 0.84–0.94 of the reference notes' dedup insert for the
+// DONE record, against 0.75–0.82 for CLAIM). A row already there (a replay, a
+// busy or released record) returns nothing and CLAIM decides, so such a call
+// costs a statement more; on the pool, where a replay is one statement, CLAIM
+// goes first. ON CONFLICT DO NOTHING locks nothing and waits only on another
+// transaction's uncommitted insert of the key, as CLAIM's insert would; an
+// insert that waited on one that rolled back is caught as in CLAIM.
+pub(super) const INSERT_FRESH: &str = concat!(
     "INSERT INTO idem_records
     (key, state, token, fence, lease_until, expires_at, fingerprint, taken_over, outcome, result)
 VALUES ($1, $6, $2, 1, ",
@@ -160,12 +163,22 @@ pub(super) const READ: &str = concat!(
 FROM idem_records WHERE key = $1"
 );
 
-// The one row it updates reads the clock once, in its SET list (no clock CTE
-// to join).
+// The record lives its ttl ($3) from now, but an expiry already within the
+// slack ($6, `completion_slack`) before that is kept as it is: the claim wrote
+// it moments ago. Then no indexed column changes (`expires_at` is indexed for
+// the sweeper, `key` never changes), and PostgreSQL rewrites the row on its
+// own page with no new index entries (a HOT update; the table's fillfactor
+// leaves the room, migration 0004). Setting it afresh every time made every
+// completion a new tuple plus an entry in both indexes.
 pub(super) const COMPLETE: &str = concat!(
-    "UPDATE idem_records SET state = 2, outcome = $1, result = $2, expires_at = ",
+    "UPDATE idem_records SET state = 2, outcome = $1, result = $2,
+    expires_at = CASE WHEN expires_at BETWEEN ",
     server_now!(),
-    " + $3
+    " + $3 - $6 AND ",
+    server_now!(),
+    " + $3 THEN expires_at ELSE ",
+    server_now!(),
+    " + $3 END
 WHERE key = $4 AND state = 1 AND token = $5"
 );
 

@@ -44,6 +44,7 @@ impl Dialect for Sqlite {
         clock: &dyn Clock,
         req: ClaimRequest<'_>,
         done: Option<Completion<'_>>,
+        _fresh_first: bool,
     ) -> Result<Upserted, sqlx::Error> {
         let now = clock.now_millis();
         let lease_until = now.saturating_add(millis(req.lease));
