@@ -292,11 +292,14 @@ tx_connection! {
     /// at REPEATABLE READ or above, PostgreSQL reports that wait as a
     /// serialization failure instead.
     ///
-    /// A claim that finds the record held (DONE, or another owner's live lease)
-    /// answers from it in the claim's one statement, without locking it (see
-    /// `CLAIM`), so a replay adds one statement to the transaction and replays
-    /// of a hot key do not queue behind each other's transactions; only a claim
-    /// that takes the row holds its lock until the caller's transaction ends.
+    /// A claim here bets on a new key: its first statement is a plain insert
+    /// of the fresh record, the cheapest first call. A key that has a row
+    /// answers that insert with nothing, and the claim's usual statement then
+    /// answers from the record held (DONE, or another owner's live lease)
+    /// without locking it (see `CLAIM`): a replay adds two statements to the
+    /// transaction, and replays of a hot key do not queue behind each other's
+    /// transactions; only a claim that takes the row holds its lock until the
+    /// caller's transaction ends.
     ///
     /// ```no_run
     /// use std::time::Duration;
