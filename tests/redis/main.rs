@@ -20,6 +20,7 @@
 mod claim;
 mod completion;
 mod fail_closed;
+mod layout;
 mod limits;
 mod purge;
 mod records;

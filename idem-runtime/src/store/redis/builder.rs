@@ -13,6 +13,7 @@ use crate::redis_limits::{self, DEFAULT_PROTO_MAX_BULK_LEN};
 use crate::store::DEFAULT_MAX_RESULT_BYTES;
 
 use super::connection::Connection;
+use super::earlier;
 use super::record::DONE_HEAD_MAX;
 use super::{Inner, RedisStore};
 
@@ -47,7 +48,8 @@ pub struct RedisStoreBuilder {
 
 impl RedisStoreBuilder {
     /// What every record's key starts with (default `idem:`); a record's key
-    /// is the prefix followed by `{<64 hex of the key>}`. Give each
+    /// is the prefix followed by `{<32 hex>}`, the first half of the key's
+    /// digest (earlier versions used all 64: see [`RedisStore`]). Give each
     /// application sharing a database its own. It may not contain `{` or `}`,
     /// which would change the hash tag a cluster places keys by.
     ///
@@ -189,12 +191,15 @@ impl RedisStoreBuilder {
             .map_err(|e| StoreError::new(SINGLE, &location, e))?;
         // Nothing to ask yet: completions take the script, which every
         // server runs, and results are capped by the default limit.
+        // Records under the earlier layout's names are looked for once the
+        // server answers (earlier.rs); claims read those names until then.
         Ok(self.build(
             Connection::Single(manager),
             SINGLE,
             location,
             false,
             DEFAULT_PROTO_MAX_BULK_LEN,
+            false,
         ))
     }
 
@@ -284,7 +289,17 @@ impl RedisStoreBuilder {
         let max_bulk_len = redis_limits::proto_max_bulk_len(&mut conn.clone())
             .await
             .map_err(|e| StoreError::new(backend, &location, e))?;
-        Ok(self.build(conn, backend, location, set_ifeq, max_bulk_len))
+        let none_earlier = earlier::marker_set(&mut conn.clone(), &self.key_prefix)
+            .await
+            .map_err(|e| StoreError::new(backend, &location, e))?;
+        Ok(self.build(
+            conn,
+            backend,
+            location,
+            set_ifeq,
+            max_bulk_len,
+            none_earlier,
+        ))
     }
 
     fn build(
@@ -294,6 +309,7 @@ impl RedisStoreBuilder {
         location: String,
         set_ifeq: bool,
         max_bulk_len: usize,
+        none_earlier: bool,
     ) -> RedisStore {
         // A result travels as one argument: the DONE record (`SET … IFEQ`) or
         // the payload beside it (`complete.lua`).
@@ -309,17 +325,20 @@ impl RedisStoreBuilder {
                 "max_result_bytes lowered to what the server takes in one argument"
             );
         }
-        RedisStore {
-            inner: Arc::new(Inner {
-                conn,
-                backend,
-                location,
-                key_prefix: self.key_prefix,
-                max_result_bytes,
-                set_ifeq,
-                held: super::complete::Held::new(),
-            }),
+        let inner = Arc::new(Inner {
+            conn,
+            backend,
+            location,
+            key_prefix: self.key_prefix,
+            max_result_bytes,
+            set_ifeq,
+            held: super::complete::Held::new(),
+            earlier: earlier::EarlierNames::new(none_earlier),
+        });
+        if !none_earlier {
+            earlier::start_survey(&inner);
         }
+        RedisStore { inner }
     }
 }
 

@@ -41,45 +41,90 @@ impl Inner {
         let mut record = record::processing_head(req.token, req.fingerprint);
         let head = record.len();
         record::push_processing_tail(&mut record, ttl, lives, lease);
-        let found: Option<Vec<u8>> = redis::cmd("SET")
-            .arg(&key)
+        let mut set = redis::cmd("SET");
+        set.arg(&key)
             .arg(&record)
             .arg("NX")
             .arg("PX")
             .arg(lives)
-            .arg("GET")
-            .query_async(&mut self.conn())
-            .await
-            .map_err(|e| self.err_at(&key, e))?;
-        let Some(found) = found else {
-            self.hold_record(req, record);
-            return Ok(Claim::Acquired {
-                fence: 1,
-                takeover: false,
-            });
+            .arg("GET");
+        // While records may remain under their earlier names, that name is
+        // read beside the claim, in the same round trip (earlier.rs).
+        let (found, earlier) = if self.earlier.may_remain() {
+            let mut conn = self.conn();
+            let (found, earlier) = tokio::join!(
+                set.query_async::<Option<Vec<u8>>>(&mut conn),
+                self.read_earlier(req.key)
+            );
+            (found, earlier?.is_some())
+        } else {
+            (set.query_async(&mut self.conn()).await, false)
         };
-        match record::decode(&found).map_err(|e| self.unreadable(&key, e))? {
-            Record::Done { result, .. } => Ok(Claim::Done(result)),
-            Record::Processing { token, fence } if token == req.token => {
-                self.hold_record(req, found);
-                Ok(Claim::Acquired {
-                    fence,
+        let found = found.map_err(|e| self.err_at(&key, e))?;
+        let (claim, ours) = match found {
+            None if !earlier => {
+                self.hold_record(req, record);
+                return Ok(Claim::Acquired {
+                    fence: 1,
                     takeover: false,
-                })
+                });
             }
-            Record::Processing { .. } | Record::Released => {
-                let claim = self
-                    .reclaim_with(&key, None, &record[..head], lease, ttl)
-                    .await?;
-                if let Claim::Acquired { fence, .. } = claim {
-                    self.hold_record(
-                        req,
+            None => (
+                Claim::Acquired {
+                    fence: 1,
+                    takeover: false,
+                },
+                record.clone(),
+            ),
+            Some(found) => match record::decode(&found).map_err(|e| self.unreadable(&key, e))? {
+                Record::Done { result, .. } => return Ok(Claim::Done(result)),
+                Record::Processing { token, fence } if token == req.token => (
+                    Claim::Acquired {
+                        fence,
+                        takeover: false,
+                    },
+                    found,
+                ),
+                Record::Processing { .. } | Record::Released => {
+                    let claim = self
+                        .reclaim_with(&key, None, &record[..head], lease, ttl)
+                        .await?;
+                    let Claim::Acquired { fence, .. } = claim else {
+                        return Ok(claim);
+                    };
+                    (
+                        claim,
                         record::processing_at(&record[..head], fence, ttl, lease),
-                    );
+                    )
                 }
-                Ok(claim)
-            }
+            },
+        };
+        if earlier && self.adopt_over(req.key, &ours).await? {
+            // The earlier record now stands where the claim stood: claim
+            // again, as over any record found.
+            return self
+                .reclaim_held(req, &key, None, &record[..head], lease, ttl)
+                .await;
         }
+        self.hold_record(req, ours);
+        Ok(claim)
+    }
+
+    /// `reclaim.lua`, keeping the record written if it acquires.
+    pub(super) async fn reclaim_held(
+        &self,
+        req: ClaimRequest<'_>,
+        key: &str,
+        recovery: Option<(&str, RecoveryArgs<'_>)>,
+        head: &[u8],
+        lease: u64,
+        ttl: u64,
+    ) -> Result<Claim, StoreError> {
+        let claim = self.reclaim_with(key, recovery, head, lease, ttl).await?;
+        if let Claim::Acquired { fence, .. } = claim {
+            self.hold_record(req, record::processing_at(head, fence, ttl, lease));
+        }
+        Ok(claim)
     }
 
     /// Keeps the PROCESSING record this claim wrote, for a completion by

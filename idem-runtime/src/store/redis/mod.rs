@@ -79,6 +79,7 @@ mod builder;
 mod claim;
 mod complete;
 mod connection;
+mod earlier;
 mod record;
 mod recovery;
 mod reply;
@@ -102,6 +103,9 @@ use record::Unreadable;
 use reply::{RecordError, decode_record};
 
 pub use builder::RedisStoreBuilder;
+
+/// Hex digits of the key's digest in a record's name: its first 16 bytes.
+const NAME_HEX: usize = 32;
 
 /// The scripts, hashed once per process (`complete.lua` runs only where the
 /// server has no `SET … IFEQ`: complete.rs).
@@ -179,6 +183,8 @@ struct Inner {
     set_ifeq: bool,
     /// The PROCESSING records held, for `IFEQ` (empty without it).
     held: complete::Held,
+    /// Whether records may remain under the earlier layout's names (earlier.rs).
+    earlier: earlier::EarlierNames,
 }
 
 impl fmt::Debug for RedisStore {
@@ -228,13 +234,19 @@ impl RedisStore {
 impl Inner {
     fn redis_key(&self, key: &Key) -> String {
         // Only the part in braces decides the cluster slot: one record, one slot.
+        // Half the digest: a name of up to 43 bytes is what keeps a small
+        // record in Valkey's smaller allocation (see the module's doc), and
+        // 128 bits still take 2^64 records for a chance collision and 2^128
+        // tries to aim one. Hex, not raw bytes: a raw `}` would end the hash
+        // tag early, and the name stays readable in `redis-cli`.
         // Built in one buffer: every operation names its record by this.
         // (Not `vec![0; n]`: zeroed memory comes from `calloc`, slower
         // than the bytes written over it.)
         let prefix = &self.key_prefix;
-        let mut digest_hex = [0u8; 64];
-        hex::encode_to_slice(key.as_bytes(), &mut digest_hex).expect("64 bytes hold 32 in hex");
-        let mut name = String::with_capacity(prefix.len() + 66);
+        let mut digest_hex = [0u8; NAME_HEX];
+        hex::encode_to_slice(&key.as_bytes()[..NAME_HEX / 2], &mut digest_hex)
+            .expect("the hex holds the bytes");
+        let mut name = String::with_capacity(prefix.len() + NAME_HEX + 2);
         name.push_str(prefix);
         name.push('{');
         name.push_str(std::str::from_utf8(&digest_hex).expect("hex is ASCII"));
@@ -351,6 +363,7 @@ impl Store for Inner {
 
     /// One `EVALSHA inspect.lua`: the value and its expiry, read together.
     async fn inspect(&self, key: &Key) -> Result<Option<RecordInfo>, StoreError> {
+        self.adopt_earlier(key).await?;
         let name = self.redis_key(key);
         let reply: Value = SCRIPTS
             .inspect
@@ -369,8 +382,16 @@ impl Store for Inner {
     /// fence (a `DEL` would start the next claim at fence 1 beside an owner
     /// that may still hold 1).
     async fn evict(&self, key: &Key) -> Result<bool, StoreError> {
-        self.fenced(&SCRIPTS.evict, key, &[Token::random().as_bytes()])
-            .await
+        let earlier = self.adopt_earlier(key).await?;
+        let evicted = self
+            .fenced(&SCRIPTS.evict, key, &[Token::random().as_bytes()])
+            .await?;
+        if let Some(name) = earlier {
+            // The new name was taken (a claim that had not yet moved this
+            // one over itself): once evicted, nothing may bring it back.
+            self.evict_earlier(&name).await?;
+        }
+        Ok(evicted)
     }
 
     /// Deletes up to `limit` released records under this store's prefix.

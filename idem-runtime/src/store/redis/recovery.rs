@@ -2,8 +2,8 @@
 //! finds the claims whose lease ran out.
 //!
 //! ```text
-//! <prefix>{<hex>}:recovery           HASH  token scope args attempts next_at [parked]
-//! <prefix>{recovery}:due:<scope>     ZSET  <hex> -> when to look (ms, the client's clock)
+//! <prefix>{<32 hex>}:recovery        HASH  token scope args attempts next_at [parked]
+//! <prefix>{recovery}:due:<scope>     ZSET  <64 hex of the key> -> when to look (ms, the client's clock)
 //! <prefix>{recovery}:scopes          SET   the scopes ever indexed
 //! ```
 //!
@@ -74,7 +74,7 @@ fn due_after(lease_ms: u64) -> i64 {
 }
 
 impl Inner {
-    fn recovery_hash(&self, key: &Key) -> String {
+    pub(super) fn recovery_hash(&self, key: &Key) -> String {
         let mut name = self.redis_key(key);
         name.push_str(":recovery");
         name
@@ -109,20 +109,43 @@ impl Inner {
         let member = req.key.to_hex();
         let (lease, ttl) = (millis(req.lease), millis(req.ttl));
         let started = std::time::Instant::now();
-        let _: () = redis::pipe()
+        let mut indexing = redis::pipe();
+        indexing
             .sadd(self.scopes_set(), recovery.scope)
             .ignore()
             .zadd(&index, &member, due_after(lease))
-            .ignore()
-            .query_async(&mut self.conn())
-            .await
-            .map_err(|e| self.err_at(&index, e))?;
+            .ignore();
+        // The earlier name, beside the index's write (earlier.rs).
+        let mut conn = self.conn();
+        let (indexed, earlier) = if self.earlier.may_remain() {
+            let (indexed, earlier) = tokio::join!(
+                indexing.query_async::<()>(&mut conn),
+                self.read_earlier(req.key)
+            );
+            (indexed, earlier?.is_some())
+        } else {
+            (indexing.query_async::<()>(&mut conn).await, false)
+        };
+        indexed.map_err(|e| self.err_at(&index, e))?;
         let key = self.redis_key(req.key);
         let hash = self.recovery_hash(req.key);
         let head = super::record::processing_head(req.token, req.fingerprint);
-        let claim = self
+        let mut claim = self
             .reclaim_with(&key, Some((&hash, recovery)), &head, lease, ttl)
             .await?;
+        if let Claim::Acquired { fence, .. } = claim
+            && earlier
+            && self
+                .adopt_over(
+                    req.key,
+                    &super::record::processing_at(&head, fence, ttl, lease),
+                )
+                .await?
+        {
+            claim = self
+                .reclaim_with(&key, Some((&hash, recovery)), &head, lease, ttl)
+                .await?;
+        }
         if let Claim::Acquired { fence, .. } = claim {
             if started.elapsed() >= req.lease / 2 {
                 let indexed: Result<i64, _> = redis::cmd("ZADD")
@@ -211,6 +234,7 @@ impl Inner {
     }
 
     async fn peek(&self, key: &Key) -> Result<Peeked, StoreError> {
+        self.adopt_earlier(key).await?;
         let name = self.redis_key(key);
         let reply: Value = PEEK
             .key(&name)
@@ -278,6 +302,7 @@ impl Inner {
         key: &Key,
         turn: RecoveryTurn<'_>,
     ) -> Result<Turn, StoreError> {
+        self.adopt_earlier(key).await?;
         let name = self.redis_key(key);
         let limit = if turn.park_now { 0 } else { turn.max_attempts };
         let reply: Value = TAKE
@@ -323,6 +348,7 @@ impl Inner {
     }
 
     async fn info_script(&self, key: &Key, op: &str) -> Result<Option<RecoveryInfo>, StoreError> {
+        self.adopt_earlier(key).await?;
         let name = self.redis_key(key);
         let reply: Value = INFO
             .key(&name)

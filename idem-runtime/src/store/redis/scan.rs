@@ -36,7 +36,7 @@ fn classify(reply: Value, now_millis: i64) -> Result<Option<Kind>, RecordError> 
 }
 
 /// Escapes the glob characters of a SCAN `MATCH` pattern.
-fn glob_escape(s: &str) -> String {
+pub(super) fn glob_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {
@@ -153,7 +153,7 @@ impl Inner {
     }
 
     /// Where SCAN must run: the one node, or one slot per cluster master.
-    async fn scan_targets(&self) -> Result<Vec<Option<u16>>, StoreError> {
+    pub(super) async fn scan_targets(&self) -> Result<Vec<Option<u16>>, StoreError> {
         let Connection::Cluster(mut conn) = self.conn() else {
             return Ok(vec![None]);
         };
@@ -167,7 +167,7 @@ impl Inner {
         masters_first_slots(slots).map_err(|e| self.err(e))
     }
 
-    async fn scan_step(
+    pub(super) async fn scan_step(
         &self,
         target: Option<u16>,
         cursor: u64,
