@@ -16,7 +16,10 @@ use idem_runtime::store::{Claim, ClaimRequest, RecoveryArgs, Store, StoredOutcom
 use idem_tests::services;
 use redis::aio::ConnectionLike;
 
-use crate::{Ledger, OwnRedis, address, command_calls, completion, key, request, unique_prefix};
+use crate::{
+    Ledger, OwnRedis, address, command_calls, completion, key, request, unique_prefix,
+    wait_until_earlier_names_are_not_read,
+};
 
 /// A record's name in the earlier layout: the whole digest in hex.
 fn earlier_name(prefix: &str, key: &Key) -> String {
@@ -315,17 +318,6 @@ async fn the_worker_finds_an_abandoned_earlier_recoverable_claim() {
         None,
         "left under the earlier name"
     );
-}
-
-async fn wait_until_earlier_names_are_not_read(store: &RedisStore) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while store.reads_earlier_names() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the walk for earlier names did not end"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// A deployment with no earlier records: the walk finds none and writes the

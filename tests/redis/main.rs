@@ -250,6 +250,20 @@ impl Drop for OwnRedis {
     }
 }
 
+/// Waits for a store's walk of the keyspace for records under the earlier
+/// layout's names to find none (on a server of a test's own), after which
+/// its claims send nothing for them: for tests that count commands.
+async fn wait_until_earlier_names_are_not_read(store: &RedisStore) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store.reads_earlier_names() {
+        assert!(
+            Instant::now() < deadline,
+            "the walk for earlier names did not end"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Commands the server ran, by name, since the last `CONFIG RESETSTAT`.
 async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> Vec<(String, u64)> {
     let info: String = redis::cmd("INFO")

@@ -5,7 +5,10 @@ use idem_runtime::store::redis::RedisStore;
 use idem_runtime::store::{Claim, Store, Token};
 use idem_tests::services;
 
-use crate::{Ledger, OwnRedis, cluster_store, command_calls, completion, key, request};
+use crate::{
+    Ledger, OwnRedis, cluster_store, command_calls, completion, key, request,
+    wait_until_earlier_names_are_not_read,
+};
 
 /// The claim is a plain command; the completion is the script every first
 /// call runs.
@@ -134,6 +137,7 @@ async fn a_call_costs_a_set_and_an_evalsha_and_a_replay_one_set() {
         return;
     };
     let store = RedisStore::connect(&server.url()).await.unwrap();
+    wait_until_earlier_names_are_not_read(&store).await;
     let plain = store.completes_with_set_ifeq();
     let ledger = Ledger::new(store);
     ledger.settle(1).await.unwrap(); // loads the scripts

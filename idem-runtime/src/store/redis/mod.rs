@@ -1,6 +1,7 @@
 //! Records in Redis, on a single node or a Redis Cluster.
 //!
-//! Each record is one string value at `<prefix>{<64 hex of the key>}`: its
+//! Each record is one string value at `<prefix>{<32 hex>}`, the first 16
+//! bytes of the key's digest in hex: its
 //! kind (PROCESSING, DONE or RELEASED), the owner token (kept once done: a
 //! re-sent completion recognises itself by it), the fingerprint, the fence,
 //! and once done the outcome and result (the layout is in `record.rs`). The
@@ -14,8 +15,28 @@
 //! with `EVALSHA` and are loaded again by themselves when the server answers
 //! `NOSCRIPT` (after a restart, a failover or `SCRIPT FLUSH`). Around them:
 //! `builder.rs` (options and connecting), `connection.rs` (one node or a
-//! cluster behind one type), `reply.rs` (decoding the scripts' replies) and
-//! `scan.rs` (walking the keyspace for `purge_expired` and `stats`).
+//! cluster behind one type), `reply.rs` (decoding the scripts' replies),
+//! `scan.rs` (walking the keyspace for `purge_expired` and `stats`) and
+//! `earlier.rs` with `adopt.lua` (records under the earlier layout's names).
+//!
+//! # The names changed
+//!
+//! Versions before this one named a record `<prefix>{<64 hex>}`, the whole
+//! digest. The name is now half as long: on Valkey 8.1 a first call's DONE
+//! record (a 40-byte result) takes 144 bytes (`MEMORY USAGE`) where it took
+//! 176, on Redis 7.0 168 where it took 200, as a name of up to 43 bytes keeps
+//! the key in a smaller allocation. Records under the earlier names are not
+//! missed: while any may remain, each claim also reads its key's earlier name
+//! in the same round trip and moves a record it finds over its own claim
+//! before anything runs (a DONE one is replayed, a live claim makes it
+//! Busy, a released or abandoned one is taken over with its next fence), and
+//! inspect, evict, `stats`, `purge_expired` and the recovery worker find them
+//! too. A marker key, `<prefix>{layout}:short-names`, written once a walk of
+//! the keyspace finds none, ends this: a store that finds it at connect (one
+//! `GET`) never reads an earlier name ([`RedisStore::reads_earlier_names`]).
+//! **Stop every process of the earlier version before this one starts**: they
+//! never look at the new names, so during a rolling deploy across the change
+//! each version could run a key once.
 //!
 //! Why these choices:
 //! - one value per record, written whole by one command or one script:
@@ -30,8 +51,11 @@
 //!   lease, not for the whole ttl, and its record stays until the ttl, so a
 //!   takeover counts on from its fence;
 //! - the hash tag `{…}` around the key's hex: a Redis Cluster places the key by
-//!   the tag alone, and since every command touches exactly one key none is
-//!   ever CROSSSLOT; the same code runs on one node and on a cluster;
+//!   the tag alone, and since every command touches exactly one key (or a
+//!   record and its recovery arguments, `<name>:recovery`, under the same
+//!   tag) none is ever CROSSSLOT; the same code runs on one node and on a
+//!   cluster. 32 hex digits, not 32 raw bytes: a raw `}` would end the tag
+//!   early, and the names stay readable in `redis-cli`;
 //! - each renewal pushes the key's expiry to the ttl from now, so Redis never
 //!   deletes the record of a body that is still heartbeating, however long it
 //!   runs.
@@ -60,7 +84,7 @@
 //! | a reply lost with the connection | the command may have run | a claim sent again under its token recognises itself; a completion sent again is the same completion; a claim whose completion never arrives is taken over after the lease | `tests/redis/claim.rs::single_node_recognises_a_resent_claim`, `tests/redis/records.rs::single_node_resent_complete_is_the_same_completion`, `tests/redis/fail_closed.rs::connection_lost_between_claim_and_complete_is_taken_over_after_the_lease` |
 //! | `maxmemory` | `noeviction`: writes answer `-OOM`; `allkeys-*` and `volatile-*` (every record has a ttl) evict silently | a claim refused with `-OOM` fails closed (`Error::Store` naming the refusal, the body not run); so does a duplicate of a completed call, as the claim is a write, instead of replaying. An evicted record lets a duplicate run again: use `noeviction` | `noeviction`: `tests/redis/limits.rs::maxmemory_with_noeviction_fails_closed`; eviction: `tests/redis/limits.rs::maxmemory_with_an_evicting_policy_lets_a_duplicate_run_again` (`allkeys-lru`) |
 //! | failover with asynchronous replication | the last acknowledged writes can be lost | claims lost that way let a duplicate run: keep a unique constraint behind Redis | none yet (not tested: needs a replica promoted while the claim is still unreplicated, i.e. two servers with their link held and a failover; the loss is Redis's documented behaviour, which idem cannot detect) |
-//! | Cluster slots | a command over keys of two slots is `CROSSSLOT`; `MOVED`/`ASK` redirect | every command touches one key, placed by its `{…}` hash tag | `tests/redis/claim.rs::cluster_keys_are_hash_tagged_and_spread` |
+//! | Cluster slots | a command over keys of two slots is `CROSSSLOT`; `MOVED`/`ASK` redirect | every command touches one key, placed by its `{…}` hash tag (a record's recovery arguments share it; its earlier name is read by commands of its own) | `tests/redis/claim.rs::cluster_keys_are_hash_tagged_and_spread`, `tests/redis/layout.rs::cluster_every_key_of_a_record_is_in_one_slot`, `tests/redis/layout.rs::cluster_honours_records_under_their_earlier_names` |
 //! | a value at a record's key this version cannot read | answers whatever is there | fails closed with a `StoreError` and leaves it alone | `tests/redis/records.rs::single_node_unknown_state_fails_closed`, `tests/redis/records.rs::single_node_earlier_layout_is_a_clear_error` |
 //! | server down or slow | connection refused, or no answer | fails closed within `response_timeout` (2 s) and reconnects by itself | `tests/redis/fail_closed.rs::redis_stopped_mid_test_fails_closed`, `tests/redis/fail_closed.rs::closed_port_fails_closed_without_showing_the_password` |
 //!
@@ -141,7 +165,10 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 /// What each operation sends:
 ///
 /// - **claim**: one `SET … NX PX … GET` (one round trip); a second,
-///   `reclaim.lua`, only after a release or beside another live owner;
+///   `reclaim.lua`, only after a release or beside another live owner. While
+///   records may remain under the earlier layout's names
+///   ([`reads_earlier_names`](RedisStore::reads_earlier_names)), a `GET` and
+///   a `PTTL` of that name go beside it, in the same round trip;
 /// - **complete**: one `SET … IFEQ … PX` where the server has it (Valkey ≥
 ///   8.1, Redis ≥ 8.4, learnt at connect), `complete.lua` elsewhere;
 /// - **inspect**: one `EVALSHA inspect.lua` (the value and its expiry
