@@ -14,8 +14,6 @@
 //! #        IDEM_BENCH_RELAY_MESSAGES (100000) IDEM_BENCH_RELAY_BATCHES (1000,500)
 //! #        IDEM_BENCH_RELAY_ROUNDS (1: drains per row, brokers taking turns; median)
 //! #        IDEM_BENCH_LATENCY_RATE (1000 messages/s) IDEM_BENCH_LATENCY_SECONDS (10)
-//! #        IDEM_BENCH_NO_NOTIFY=1 drops the outbox's NOTIFY trigger (what LISTEN
-//! #        costs the writers; the relay then polls every second)
 //! #        IDEM_BENCH_BROKERS (redis,nats,kafka)
 //! #        IDEM_POSTGRES_URL IDEM_REDIS_URL IDEM_NATS_URL IDEM_KAFKA_BROKERS
 //! ```
@@ -269,8 +267,8 @@ async fn writing(pool: &PgPool, calls: u64, rounds: usize, csv: &mut Csv) -> Res
     }
     println!(
         "stmts: statements per transaction, from the code: put and put_all are one INSERT each \
-         (a VALUES list joined to a LATERAL advisory lock for ordering keys, ON CONFLICT (id) DO NOTHING); \
-         the table's statement trigger adds a pg_notify, delivered at commit"
+         (ON CONFLICT (id) DO NOTHING; a LATERAL advisory lock per ordering key; the statement \
+         itself NOTIFYs, at commit, only while a relay waits)"
     );
     Ok(())
 }
@@ -692,12 +690,6 @@ async fn bench() -> Result<(), BoxError> {
         .await?;
     // Opening the store applies idem's migrations, the outbox's table with them.
     PgStore::builder().pool(pool.clone()).await?;
-    if env("IDEM_BENCH_NO_NOTIFY", 0) == 1 {
-        sqlx::query("DROP TRIGGER idem_outbox_notify ON idem_outbox")
-            .execute(&pool)
-            .await?;
-        println!("IDEM_BENCH_NO_NOTIFY=1: the outbox's NOTIFY trigger is dropped");
-    }
     sqlx::query(
         "CREATE TABLE bench_orders (run TEXT NOT NULL, id BIGINT NOT NULL, sku TEXT NOT NULL, PRIMARY KEY (run, id))",
     )

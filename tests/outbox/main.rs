@@ -11,6 +11,7 @@ mod crash;
 mod scenarios;
 mod sinks;
 mod statements;
+mod wakeup;
 
 use std::future::Future;
 use std::str::FromStr;

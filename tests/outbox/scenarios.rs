@@ -406,6 +406,12 @@ pub async fn a_callers_id_held_by_another_message_is_refused<DB: OutboxDatabase>
             "topic",
         ),
         (first().ordering_key("j"), "ordering key"),
+        (
+            Message::bytes(topic.as_str(), b"first".to_vec())
+                .id(id.as_str())
+                .header("tenant", "acme"),
+            "ordering key",
+        ),
         (first().header("tenant", "globex"), "headers"),
         (
             Message::bytes(topic.as_str(), b"second".to_vec())
@@ -435,6 +441,27 @@ pub async fn a_callers_id_held_by_another_message_is_refused<DB: OutboxDatabase>
     tx.commit().await.unwrap();
     assert_eq!(backlog_of(pool, &topic).await.pending, 1);
     assert_eq!(backlog_of(pool, &other_topic).await.pending, 0);
+
+    // Without an ordering key (PostgreSQL writes those with a statement of
+    // their own): another message under a held id is refused, the same one
+    // again is one row.
+    let plain_id = format!("plain-{}", tag());
+    let plain =
+        |payload: &[u8]| Message::bytes(topic.as_str(), payload.to_vec()).id(plain_id.as_str());
+    let mut tx = pool.begin().await.unwrap();
+    outbox::put(&mut tx, plain(b"first")).await.unwrap();
+    tx.commit().await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let err = outbox::put(&mut tx, plain(b"second")).await.unwrap_err();
+    assert!(
+        matches!(&err, OutboxError::IdTaken { id, part: "payload" } if *id == plain_id),
+        "{err}"
+    );
+    tx.rollback().await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    outbox::put(&mut tx, plain(b"first")).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(backlog_of(pool, &topic).await.pending, 2);
 
     // Two messages of one put_all under one id: the second is refused too.
     let mut tx = pool.begin().await.unwrap();

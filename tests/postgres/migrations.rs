@@ -48,7 +48,8 @@ async fn migrating_twice_and_from_several_stores_at_once_is_harmless() {
             (1, "create idem_records".to_owned()),
             (2, "create idem_outbox".to_owned()),
             (3, "create idem_recovery".to_owned()),
-            (4, "leave room for completions in idem_records".to_owned())
+            (4, "leave room for completions in idem_records".to_owned()),
+            (5, "outbox writers wake relays without a trigger".to_owned())
         ]
     );
     let indexed: bool = sqlx::query_scalar(

@@ -16,12 +16,35 @@ macro_rules! now_ms {
     };
 }
 
-/// The channel the table's trigger notifies on commit.
+/// The channel writers notify on (see `wake!`).
 const CHANNEL: &str = "idem_outbox";
 
 /// The advisory lock namespace of ordering keys (`hashtextextended`'s seed),
 /// so they never meet the application's own advisory locks by accident.
 const ORDERING_SEED: i64 = 0x6964_656d_6f62_786b; // "idemobxk"
+
+// The clock of an insert (`w.now`), and its wake-up of relays waiting in
+// LISTEN: while one waits (its row in `idem_outbox_sleepers` is unexpired),
+// NOTIFY, which PostgreSQL delivers when the writer's transaction commits
+// (once per transaction and payload; the payload is the schema, so relays of
+// other schemas sleep on). Only while one waits: every committing transaction
+// that sent a NOTIFY queues for one cluster-wide lock. This was a statement
+// trigger, whose PL/pgSQL call cost a write more than the check itself
+// (migration 5 drops it). `woke` is never read: the subquery's volatile
+// output keeps PostgreSQL from dropping it, so the check runs once per
+// statement, as an InitPlan.
+macro_rules! wake {
+    () => {
+        concat!(
+            "(SELECT ",
+            now_ms!(),
+            " AS now, (SELECT pg_notify('idem_outbox', current_schema()) FROM idem_outbox_sleepers\n",
+            "  WHERE until > ",
+            now_ms!(),
+            " LIMIT 1) AS woke) AS w"
+        )
+    };
+}
 
 // "An earlier message of this key is not sent yet": a key's messages go out
 // one at a time, in seq order (which is commit order, see `insert`).
@@ -36,25 +59,44 @@ macro_rules! first_of_key {
 impl Dialect for Postgres {
     const BACKEND: &'static str = "postgres";
 
-    /// One statement. A row with an ordering key first takes a transaction
-    /// advisory lock on the key (in the `LATERAL` join, before the row's `seq`
-    /// is drawn in the projection above it), so two transactions writing one
-    /// key take their `seq`s in commit order: the second waits for the first
-    /// to end. The rows are joined in key order, so two writers of the same
-    /// keys lock them in the same order.
+    /// One statement, which also wakes waiting relays (`wake!`). Rows
+    /// without an ordering key are a plain insert; the one-row form is a
+    /// fixed text, so it stays one prepared statement on the connection
+    /// (sqlx caches by text). A row with an ordering key first takes a
+    /// transaction advisory lock on the key (in the `LATERAL` join, before
+    /// the row's `seq` is drawn in the projection above it), so two
+    /// transactions writing one key take their `seq`s in commit order: the
+    /// second waits for the first to end. The rows are joined in key order,
+    /// so two writers of the same keys lock them in the same order.
     async fn insert<'a>(
         conn: &'a mut PgConnection,
         rows: &'a [NewRow],
     ) -> Result<Inserted, sqlx::Error> {
+        let keyed = rows.iter().any(|r| r.ordering_key.is_some());
+        if let [row] = rows {
+            if !keyed {
+                let affected = sqlx::query(concat!(
+                    "INSERT INTO idem_outbox (id, topic, headers, payload, created_at, next_attempt_at)\n",
+                    "SELECT $1, $2, $3, $4, w.now, w.now FROM ",
+                    wake!(),
+                    "\nON CONFLICT (id) DO NOTHING"
+                ))
+                .bind(&row.id)
+                .bind(&row.topic)
+                .bind(&row.headers)
+                .bind(&row.payload)
+                .execute(conn)
+                .await?
+                .rows_affected();
+                return Ok(Inserted::counting(affected, rows));
+            }
+        }
         let mut by_key: Vec<(usize, &NewRow)> = rows.iter().enumerate().collect();
         by_key.sort_by(|a, b| a.1.ordering_key.cmp(&b.1.ordering_key));
         let mut q = QueryBuilder::<Postgres>::new(concat!(
             "INSERT INTO idem_outbox (id, topic, ordering_key, headers, payload, created_at, next_attempt_at)\n",
-            "SELECT v.id, v.topic, v.ordering_key, v.headers, v.payload, ",
-            now_ms!(),
-            ", ",
-            now_ms!(),
-            "\nFROM (VALUES "
+            "SELECT v.id, v.topic, v.ordering_key, v.headers, v.payload, w.now, w.now\n",
+            "FROM (VALUES "
         ));
         let mut values = q.separated(", ");
         for (position, row) in by_key {
@@ -72,15 +114,19 @@ impl Dialect for Postgres {
             values.push_bind_unseparated(&row.payload);
             values.push_unseparated("::bytea)");
         }
-        q.push(
-            ") AS v (position, id, topic, ordering_key, headers, payload)\n\
-             LEFT JOIN LATERAL (SELECT pg_advisory_xact_lock(hashtextextended(v.ordering_key, ",
-        );
-        q.push_bind(ORDERING_SEED);
-        q.push(
-            ")) WHERE v.ordering_key IS NOT NULL) AS locked ON TRUE\n\
-             ORDER BY v.position\nON CONFLICT (id) DO NOTHING",
-        );
+        q.push(") AS v (position, id, topic, ordering_key, headers, payload)\n");
+        if keyed {
+            q.push(
+                "LEFT JOIN LATERAL (SELECT pg_advisory_xact_lock(hashtextextended(v.ordering_key, ",
+            );
+            q.push_bind(ORDERING_SEED);
+            q.push(")) WHERE v.ordering_key IS NOT NULL) AS locked ON TRUE\n");
+        }
+        q.push(concat!(
+            "CROSS JOIN ",
+            wake!(),
+            "\nORDER BY v.position\nON CONFLICT (id) DO NOTHING"
+        ));
         let affected = q.build().execute(conn).await?.rows_affected();
         Ok(Inserted::counting(affected, rows))
     }

@@ -58,6 +58,11 @@ pub(crate) const POSTGRES: &[Migration] = &[
         description: "leave room for completions in idem_records",
         sql: include_str!("../../../migrations/postgres/0004_records_fillfactor.sql"),
     },
+    Migration {
+        version: 5,
+        description: "outbox writers wake relays without a trigger",
+        sql: include_str!("../../../migrations/postgres/0005_outbox_wakeup_in_insert.sql"),
+    },
 ];
 
 #[cfg(feature = "postgres")]
