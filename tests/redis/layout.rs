@@ -66,8 +66,16 @@ async fn earlier_records_are_honoured(
     connect: impl AsyncFnOnce(&str) -> Option<RedisStore>,
 ) {
     let prefix = unique_prefix();
-    let [done, live, abandoned, released, expired, absent] =
-        ["done", "live", "abandoned", "released", "expired", "absent"].map(key);
+    let [done, live, abandoned, released, expired, absent, unmoved] = [
+        "done",
+        "live",
+        "abandoned",
+        "released",
+        "expired",
+        "absent",
+        "unmoved",
+    ]
+    .map(key);
     let payload = [7u8; 40];
     let done_record = done_value(&payload);
     set_px(conn, &earlier_name(&prefix, &done), &done_record, 600_000).await;
@@ -86,10 +94,34 @@ async fn earlier_records_are_honoured(
     )
     .await;
 
+    // A claim of this version stopped between its SET and moving the earlier
+    // DONE record over it: its lease is over, and the record must still win.
+    set_px(
+        conn,
+        &earlier_name(&prefix, &unmoved),
+        &done_record,
+        600_000,
+    )
+    .await;
+    let new_name = format!("{prefix}{{{}}}", &unmoved.to_hex()[..32]);
+    let stopped = processing_value(Token::random(), 1, 600_000, 600_000);
+    set_px(conn, &new_name, &stopped, 600_000).await;
+
     let Some(store) = connect(&prefix).await else {
         return;
     };
     assert!(store.reads_earlier_names());
+    assert_eq!(store.redis_key(&unmoved), new_name);
+    assert!(
+        matches!(
+            store
+                .claim(request(&unmoved, Token::random()))
+                .await
+                .unwrap(),
+            Claim::Done(_)
+        ),
+        "a claim stopped before moving the earlier record let the body run"
+    );
 
     let claim = store.claim(request(&done, Token::random())).await.unwrap();
     let Claim::Done(result) = claim else {
@@ -205,6 +237,62 @@ async fn cluster_honours_records_under_their_earlier_names() {
         services::reachable("Redis Cluster", &at, store)
     })
     .await;
+}
+
+/// inspect, evict and `stats` see a record under its earlier name (inspect
+/// and evict move it first); once evicted, the next claim runs, at the next
+/// fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_evict_and_stats_find_earlier_records() {
+    let url = services::redis_url();
+    let Ok(client) = redis::Client::open(url.as_str()) else {
+        return;
+    };
+    let conn = client.get_multiplexed_async_connection().await;
+    let Some(mut conn) = services::reachable("Redis", &address(&url), conn) else {
+        return;
+    };
+    let prefix = unique_prefix();
+    let [counted, inspected] = ["counted", "inspected"].map(key);
+    for k in [&counted, &inspected] {
+        set_px(
+            &mut conn,
+            &earlier_name(&prefix, k),
+            &done_value(b"1"),
+            600_000,
+        )
+        .await;
+    }
+    let store = RedisStore::builder()
+        .key_prefix(&prefix)
+        .connect(&url)
+        .await
+        .unwrap();
+    assert_eq!(store.stats().await.unwrap().done, 2);
+    let info = store.inspect(&inspected).await.unwrap().expect("found");
+    assert_eq!(
+        (info.state, info.fence),
+        (idem_runtime::store::RecordState::Done, 1)
+    );
+    assert!(store.evict(&inspected).await.unwrap());
+    assert_eq!(
+        store
+            .claim(request(&inspected, Token::random()))
+            .await
+            .unwrap(),
+        Claim::Acquired {
+            fence: 2,
+            takeover: false
+        }
+    );
+    assert!(store.evict(&counted).await.unwrap());
+    assert!(matches!(
+        store
+            .claim(request(&counted, Token::random()))
+            .await
+            .unwrap(),
+        Claim::Acquired { fence: 2, .. }
+    ));
 }
 
 /// End to end: a call completed by the earlier version (its DONE record, as
