@@ -49,6 +49,8 @@ pub(super) fn glob_escape(s: &str) -> String {
 
 impl Inner {
     pub(super) async fn purge_released(&self, limit: usize) -> Result<u64, StoreError> {
+        // `{*}` takes the earlier layout's 64-hex names as well as this one's,
+        // so records an earlier version left are purged and counted too.
         let pattern = format!("{}{{*}}", glob_escape(&self.key_prefix));
         let mut purged = 0usize;
         for target in self.scan_targets().await? {
