@@ -20,8 +20,10 @@
 //!
 //! - **(a) writing**: closed-loop writers at concurrency 1, 16 and 64, each
 //!   transaction on a pool connection of its own (the pool holds 64). The
-//!   baseline transaction inserts one business row; the other two add
-//!   `outbox::put` of one message and `put_all` of three. Each cell is the
+//!   baseline transaction inserts one business row; the others add
+//!   `outbox::put` of one message, `put_all` of three, and (the bound of a
+//!   `put`: its round trip and a row of its size) a plain `INSERT` of the
+//!   message's columns into a table with one index. Each cell is the
 //!   median of several rounds, the sides alternating which goes first, so
 //!   drift on a noisy machine cancels out; the spread is the lowest and
 //!   highest per-round ratio to the baseline.
@@ -90,6 +92,7 @@ enum Side {
     Base,
     Put,
     PutAll,
+    Plain,
 }
 
 impl Side {
@@ -98,6 +101,7 @@ impl Side {
             Side::Base => "(a) INSERT order",
             Side::Put => "(b) + put (1 message)",
             Side::PutAll => "(c) + put_all (3 messages)",
+            Side::Plain => "(d) + plain INSERT (1 row)",
         }
     }
 
@@ -107,6 +111,7 @@ impl Side {
             Side::Base => "INSERT alone",
             Side::Put => "INSERT + put",
             Side::PutAll => "INSERT + put_all of 3",
+            Side::Plain => "INSERT + plain INSERT",
         }
     }
 
@@ -116,7 +121,7 @@ impl Side {
     fn statements(self) -> &'static str {
         match self {
             Side::Base => "3",
-            Side::Put | Side::PutAll => "4",
+            Side::Put | Side::PutAll | Side::Plain => "4",
         }
     }
 }
@@ -140,6 +145,17 @@ async fn write_tx(pool: &PgPool, side: Side, run: &str, n: u64) -> Result<(), Bo
                 .into_iter()
                 .map(|topic| Message::bytes(topic, payload(n)).id(format!("{run}-{n}-{topic}")));
             outbox::put_all(&mut tx, messages).await?;
+        }
+        Side::Plain => {
+            sqlx::query(concat!(
+                "INSERT INTO bench_events (id, topic, payload, created_at) ",
+                "VALUES ($1, $2, $3, (extract(epoch FROM clock_timestamp()) * 1000)::bigint)"
+            ))
+            .bind(format!("{run}-{n}"))
+            .bind("orders.created")
+            .bind(payload(n))
+            .execute(&mut *tx)
+            .await?;
         }
     }
     tx.commit().await?;
@@ -210,14 +226,14 @@ async fn writing(pool: &PgPool, calls: u64, rounds: usize, csv: &mut Csv) -> Res
         "{:<28} {:>3} {:>8} {:>9} {:>9} {:>20} {:>6}",
         "", "c", "tx/s", "p50", "p99", "vs (a) [spread]", "stmts"
     );
-    let sides = [Side::Base, Side::Put, Side::PutAll];
+    let sides = [Side::Base, Side::Put, Side::PutAll, Side::Plain];
     for (ci, c) in [1usize, 16, 64].into_iter().enumerate() {
         let mut cells: Vec<Vec<Cell>> = sides.iter().map(|_| Vec::new()).collect();
         for round in 0..rounds {
             let order: Vec<usize> = if round % 2 == 0 {
-                vec![0, 1, 2]
+                vec![0, 1, 2, 3]
             } else {
-                vec![2, 1, 0]
+                vec![3, 2, 1, 0]
             };
             for i in order {
                 let run = format!("w{ci}{round}{i}");
@@ -692,6 +708,11 @@ async fn bench() -> Result<(), BoxError> {
     PgStore::builder().pool(pool.clone()).await?;
     sqlx::query(
         "CREATE TABLE bench_orders (run TEXT NOT NULL, id BIGINT NOT NULL, sku TEXT NOT NULL, PRIMARY KEY (run, id))",
+    )
+    .execute(&pool)
+    .await?;
+    sqlx::query(
+        "CREATE TABLE bench_events (id TEXT PRIMARY KEY, topic TEXT NOT NULL, headers TEXT, payload BYTEA NOT NULL, created_at BIGINT NOT NULL)",
     )
     .execute(&pool)
     .await?;

@@ -32,7 +32,11 @@ const ORDERING_SEED: i64 = 0x6964_656d_6f62_786b; // "idemobxk"
 // trigger, whose PL/pgSQL call cost a write more than the check itself
 // (migration 5 drops it). `woke` is never read: the subquery's volatile
 // output keeps PostgreSQL from dropping it, so the check runs once per
-// statement, as an InitPlan.
+// statement, as an InitPlan. With ordering keys it runs before the keys'
+// locks are granted (the trigger ran after): a relay that starts waiting
+// while such a writer waits for an earlier writer of its key takes that
+// message at its next poll, as it would from a writer still working after
+// its insert.
 macro_rules! wake {
     () => {
         concat!(
