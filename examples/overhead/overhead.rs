@@ -17,7 +17,8 @@
 //! #        IDEM_BENCH_ONLY=redis|sql|pg|mysql (sql: both SQL sections)
 //! #        IDEM_BENCH_MYSQL_DB (idem_bench; the scratch database, dropped before and after)
 //! # one side alone, for `perf record` or a floor, printing calls/s and client CPU:
-//! #        IDEM_BENCH_PROFILE=idem|floor|reference (Redis, body `pure`; floor = the
+//! #        IDEM_BENCH_PROFILE=idem|floor|reference (Redis, body `pure`, or `incr` with
+//! #        IDEM_BENCH_PROFILE_BODY=incr; floor = the
 //! #        store's two commands with nothing around them) IDEM_BENCH_PROFILE_C (64)
 //! #        IDEM_BENCH_PROFILE_SQL=a|r|b|s|p with IDEM_BENCH_ONLY=pg|mysql, IDEM_BENCH_PROFILE_C (16)
 //! ```
@@ -701,24 +702,27 @@ async fn redis_section(
     // tables above interleave both sides and cannot tell their costs apart.
     if let Ok(side) = std::env::var("IDEM_BENCH_PROFILE") {
         let c: usize = env("IDEM_BENCH_PROFILE_C", 64);
+        // The body `pure` unless IDEM_BENCH_PROFILE_BODY=incr.
+        let io = (std::env::var("IDEM_BENCH_PROFILE_BODY").as_deref() == Ok("incr"))
+            .then(|| io_conn.clone());
         let svc = Arc::new(Svc {
             redis: store.clone(),
-            io: None,
+            io: io.clone(),
         });
         let cell = if side == "floor" {
             // The store's two commands with nothing around them: what the
             // protocol costs is the distance from here to `idem`.
             let (r, ifeq) = (reference.clone(), store.completes_with_set_ifeq());
             measure(c, many, move |id| {
-                let mut r = r.clone();
-                async move { floor_flow(&mut r, None, ifeq, run, id).await }
+                let (mut r, io) = (r.clone(), io.clone());
+                async move { floor_flow(&mut r, io.as_ref(), ifeq, run, id).await }
             })
             .await
         } else if side == "reference" {
             let r = reference.clone();
             measure(c, many, move |id| {
-                let mut r = r.clone();
-                async move { reference_flow(&mut r, None, run, id).await.map(drop) }
+                let (mut r, io) = (r.clone(), io.clone());
+                async move { reference_flow(&mut r, io.as_ref(), run, id).await.map(drop) }
             })
             .await
         } else {
