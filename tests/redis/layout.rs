@@ -638,3 +638,74 @@ async fn a_first_call_record_is_small() {
         assert!(bytes <= 150, "{bytes} B on {version}");
     }
 }
+
+/// A hash of idem's oldest Redis layout under the earlier name (what the
+/// version before the string records wrote) is no record this version can
+/// move: a claim fails with an error that names it and the layout, leaves
+/// the new name free instead of holding it for a lease with nothing
+/// running, and runs no body; evict, the operator's way out, deletes it,
+/// after which the key is claimed at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hash_of_the_oldest_layout_under_the_earlier_name_is_a_clear_error_and_holds_nothing() {
+    let url = services::redis_url();
+    let Some(mut conn) = services::reachable(
+        "Redis",
+        &address(&url),
+        match redis::Client::open(url.as_str()) {
+            Ok(c) => c.get_multiplexed_async_connection().await,
+            Err(e) => Err(e),
+        },
+    ) else {
+        return;
+    };
+    let prefix = unique_prefix();
+    let key = Key::builder("idem-tests::redis::settle")
+        .part(&31u64)
+        .finish();
+    let old = earlier_name(&prefix, &key);
+    let () = redis::pipe()
+        .hset_multiple(&old, &[("state", "done"), ("fence", "2"), ("result", "42")])
+        .ignore()
+        .pexpire(&old, 600_000)
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let store = RedisStore::builder()
+        .key_prefix(&prefix)
+        .connect(&url)
+        .await
+        .unwrap();
+    let ledger = Ledger::new(store.clone());
+    let shown = ledger
+        .settle(31)
+        .await
+        .expect_err("a call over a hash of the oldest layout")
+        .to_string();
+    assert!(
+        shown.contains(&old) && shown.contains("earlier Redis layout"),
+        "the error does not say why: {shown}"
+    );
+    assert_eq!(
+        ledger.runs(),
+        0,
+        "a body ran over an unreadable earlier record"
+    );
+    let held = get(&mut conn, &store.redis_key(&key)).await;
+    assert!(
+        held.as_deref().is_none_or(|v| !v.starts_with(b"P1")),
+        "the claim on the new name was left holding the key: {held:?}"
+    );
+
+    store.evict(&key).await.expect("evict removes it");
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(&old)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(exists, 0, "evict left the hash");
+    assert!(matches!(
+        store.claim(request(&key, Token::random())).await.unwrap(),
+        Claim::Acquired { .. }
+    ));
+}

@@ -56,7 +56,22 @@ impl Inner {
                 set.query_async::<Option<Vec<u8>>>(&mut conn),
                 self.read_earlier(req.key)
             );
-            (found, earlier?.is_some())
+            match earlier {
+                Ok(earlier) => (found, earlier.is_some()),
+                Err(e) => {
+                    // The earlier name could not be read (a hash of the
+                    // oldest layout there, or the connection): the claim
+                    // must not stand on the new name, or it would hold the
+                    // key for its whole lease with nothing running.
+                    if let Ok(None) = found {
+                        let _ = self
+                            .fenced(&super::SCRIPTS.release, req.key, &[req.token.as_bytes()])
+                            .await
+                            .inspect_err(|e| tracing::warn!(error = %e, "could not release a claim whose earlier name could not be read; it holds the key until its lease ends"));
+                    }
+                    return Err(e);
+                }
+            }
         } else {
             (set.query_async(&mut self.conn()).await, false)
         };

@@ -73,7 +73,12 @@ impl EarlierNames {
         match self.until_ms.load(Relaxed) {
             0 => false,
             UNKNOWN => true,
-            until => SystemClock.now_millis() < until,
+            until if SystemClock.now_millis() < until => true,
+            until => {
+                // Passed: no clock read per claim from here on.
+                let _ = self.until_ms.compare_exchange(until, 0, Relaxed, Relaxed);
+                false
+            }
         }
     }
 }
@@ -147,8 +152,10 @@ impl Inner {
             .query_async(&mut self.conn())
             .await
             .map_err(|e| self.err_at(&name, e))?;
+        // -2: gone; 0: expiring this millisecond, as good as gone (moved
+        // with it, it would be written with no expiry at all).
         Ok(value
-            .filter(|_| pttl != -2)
+            .filter(|_| pttl == -1 || pttl > 0)
             .map(|value| EarlierRecord { name, value, pttl }))
     }
 
@@ -245,6 +252,16 @@ impl Inner {
         Ok(Some(earlier.name))
     }
 
+    /// Whether the key's earlier name holds something other than a string
+    /// (a hash of the oldest layout), which no operation can move.
+    pub(super) async fn earlier_is_not_a_record(&self, key: &Key) -> bool {
+        let kind: Result<String, _> = redis::cmd("TYPE")
+            .arg(self.earlier_name(key))
+            .query_async(&mut self.conn())
+            .await;
+        matches!(kind.as_deref(), Ok(k) if k != "string" && k != "none")
+    }
+
     /// Evict's part for an earlier record the new name did not take: it goes.
     pub(super) async fn evict_earlier(&self, name: &str) -> Result<(), StoreError> {
         self.forget_earlier(name).await
@@ -266,7 +283,10 @@ impl Inner {
             "[0-9a-f]".repeat(64)
         );
         let started = SystemClock.now_millis();
-        let mut longest: i64 = 0;
+        // When the last record found expires: each PTTL counted from when its
+        // reply came back. (Counted from the walk's start, the reads would end
+        // early by as long as the walk took, minutes on a large keyspace.)
+        let mut last_expiry: i64 = 0;
         for target in self.scan_targets().await? {
             let mut cursor = 0;
             loop {
@@ -281,12 +301,14 @@ impl Inner {
                     }
                 }))
                 .await;
+                let read_at = SystemClock.now_millis();
                 for pttl in pttls {
-                    longest = match pttl.map_err(|e| self.err(e))? {
+                    last_expiry = match pttl.map_err(|e| self.err(e))? {
                         -1 => UNKNOWN,
-                        p => longest.max(p),
+                        p if p >= 0 => last_expiry.max(read_at.saturating_add(p)),
+                        _ => last_expiry,
                     };
-                    if longest == UNKNOWN {
+                    if last_expiry == UNKNOWN {
                         // One without an expiry: read earlier names for as
                         // long as this store lives.
                         self.earlier.until_ms.store(UNKNOWN, Relaxed);
@@ -299,10 +321,8 @@ impl Inner {
                 }
             }
         }
-        if longest > 0 {
-            self.earlier
-                .until_ms
-                .store(started.saturating_add(longest).max(1), Relaxed);
+        if last_expiry > 0 {
+            self.earlier.until_ms.store(last_expiry.max(1), Relaxed);
             return Ok(());
         }
         let _: () = redis::cmd("SET")

@@ -258,6 +258,12 @@ impl RedisStore {
     }
 }
 
+/// A command met a key that is not a string (`WRONGTYPE`). A pipeline's
+/// failure carries the server's error in its text, not in its code.
+fn is_wrongtype(e: &redis::RedisError) -> bool {
+    e.code() == Some("WRONGTYPE") || e.to_string().contains("WRONGTYPE")
+}
+
 impl Inner {
     fn redis_key(&self, key: &Key) -> String {
         // Only the part in braces decides the cluster slot: one record, one slot.
@@ -293,7 +299,7 @@ impl Inner {
     /// named as such: it is not one of ours, or was written by the earlier
     /// layout (a hash), and it was left as it is.
     fn err_at(&self, key: &str, e: redis::RedisError) -> StoreError {
-        if e.code() == Some("WRONGTYPE") {
+        if is_wrongtype(&e) {
             return self.err(format!(
                 "record {key} is not a string value: a hash of idem's earlier Redis layout, or \
                  another application's key under this prefix; left as it is (let it expire, or \
@@ -409,7 +415,12 @@ impl Store for Inner {
     /// fence (a `DEL` would start the next claim at fence 1 beside an owner
     /// that may still hold 1).
     async fn evict(&self, key: &Key) -> Result<bool, StoreError> {
-        let earlier = self.adopt_earlier(key).await?;
+        // An earlier name holding what no version reads (a hash of the oldest
+        // layout) goes too: evicting is the operator's way out of it.
+        let earlier = match self.adopt_earlier(key).await {
+            Err(_) if self.earlier_is_not_a_record(key).await => Some(self.earlier_name(key)),
+            other => other?,
+        };
         let evicted = self
             .fenced(&SCRIPTS.evict, key, &[Token::random().as_bytes()])
             .await?;
