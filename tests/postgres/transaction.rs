@@ -130,7 +130,7 @@ async fn a_replay_inside_a_transaction_takes_no_row_lock() {
 /// and a replay two: the insert that finds the row, and the claim that reads
 /// it.
 #[tokio::test]
-async fn a_claim_a_busy_answer_a_completion_and_a_replay_are_one_statement_each() {
+async fn statements_per_claim_busy_answer_completion_and_replay() {
     let Some(store) = store().await else { return };
     let (key, token) = (fresh_key("statements"), Token::random());
     let seen = idem_tests::statements::Statements::record();
@@ -393,5 +393,45 @@ async fn a_serialization_failure_in_a_transaction_is_retryable() {
     assert!(PgStore::is_retryable(&err), "{err}");
     let other = idem_runtime::StoreError::new("postgres", "x", std::io::Error::other("reset"));
     assert!(!PgStore::is_retryable(&other));
+    tx.rollback().await.unwrap();
+}
+
+/// Under REPEATABLE READ, a claim in a transaction whose snapshot predates
+/// the live owner's renewal answers Busy from the snapshot's row and leaves
+/// the transaction usable. A plain insert's conflict check would meet the
+/// renewed row, which the snapshot cannot see, and abort the caller's
+/// transaction with a serialization failure.
+#[tokio::test]
+async fn under_repeatable_read_a_busy_key_renewed_after_the_snapshot_answers_busy() {
+    let Some(store) = store().await else { return };
+    let (key, owner) = (fresh_key("rr-busy"), Token::random());
+    assert!(matches!(
+        store.claim(request(&key, owner, TX_LEASE)).await.unwrap(),
+        Claim::Acquired { .. }
+    ));
+    let mut tx = store.pool().begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    // The snapshot is taken here, with the owner's first version of the row.
+    sqlx::query("SELECT count(*) FROM idem_records WHERE key = $1")
+        .bind(&key.as_bytes()[..])
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    assert!(store.renew(&key, owner, TX_LEASE).await.unwrap());
+    let claim = tx
+        .tx_connection()
+        .claim(request(&key, Token::random(), TX_LEASE))
+        .await;
+    assert!(
+        matches!(claim, Ok(Claim::Busy { .. })),
+        "a Busy key aborted the caller's transaction: {claim:?}"
+    );
+    sqlx::query("SELECT 1")
+        .execute(&mut *tx)
+        .await
+        .expect("the transaction is still usable");
     tx.rollback().await.unwrap();
 }

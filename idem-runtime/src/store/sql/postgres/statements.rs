@@ -91,14 +91,22 @@ WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM ins)"
 // goes first. ON CONFLICT DO NOTHING locks nothing and waits only on another
 // transaction's uncommitted insert of the key, as CLAIM's insert would; an
 // insert that waited on one that rolled back is caught as in CLAIM.
+//
+// It inserts only where the statement's snapshot shows no row of the key (the
+// `NOT EXISTS`, one probe of the index). Under REPEATABLE READ the conflict
+// check of ON CONFLICT reads the row's latest version, and one the
+// transaction's snapshot cannot see (a renewal or a completion after it began)
+// fails the statement with a serialization error, aborting the caller's
+// transaction where CLAIM answers Busy or replays from the snapshot's row.
 pub(super) const INSERT_FRESH: &str = concat!(
     "INSERT INTO idem_records
     (key, state, token, fence, lease_until, expires_at, fingerprint, taken_over, outcome, result)
-VALUES ($1, $6, $2, 1, ",
+SELECT $1, $6, $2, 1, ",
     server_now!(),
     " + $3, ",
     server_now!(),
-    " + $4, $5, FALSE, $7, $8)
+    " + $4, $5, FALSE, $7, $8
+WHERE NOT EXISTS (SELECT 1 FROM idem_records WHERE key = $1)
 ON CONFLICT (key) DO NOTHING
 RETURNING fence, taken_over, lease_until, ",
     server_now!(),
