@@ -107,25 +107,6 @@ impl Runner {
         T: Send + 'static,
         E: fmt::Debug + Send + 'static,
     {
-        self.spawning(source, handler, stop).await
-    }
-
-    /// `run_spawned`'s loop, until `stop` completes or the broker fails.
-    pub(super) async fn spawning<S, M, T, E, H, Fut>(
-        &self,
-        source: S,
-        handler: H,
-        stop: impl Future,
-    ) -> Result<(), BrokerError>
-    where
-        S: Source,
-        S::Delivery: 'static,
-        M: FromDelivery + Send + 'static,
-        H: Fn(M) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<T, E>> + Send + 'static,
-        T: Send + 'static,
-        E: fmt::Debug + Send + 'static,
-    {
         let handler = Arc::new(handler);
         let start = |delivery| {
             let (runner, handler) = (self.clone(), handler.clone());

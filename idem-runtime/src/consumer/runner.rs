@@ -360,7 +360,7 @@ impl Runner {
         E: fmt::Debug + Send + 'static,
     {
         match self
-            .spawning(source, handler, std::future::pending::<()>())
+            .run_spawned_until(source, handler, std::future::pending::<()>())
             .await
         {
             Err(e) => e,

@@ -21,7 +21,7 @@ use std::time::Duration;
 use redis::{Script, Value};
 
 use crate::error::StoreError;
-use crate::store::{Claim, ClaimRequest, RecoveryArgs};
+use crate::store::{Claim, ClaimRequest, RecoveryArgs, Store as _};
 
 use super::record::{self, Record};
 use super::reply::{bytes, fingerprint, int};
@@ -65,7 +65,7 @@ impl Inner {
                     // key for its whole lease with nothing running.
                     if let Ok(None) = found {
                         let _ = self
-                            .fenced(&super::SCRIPTS.release, req.key, &[req.token.as_bytes()])
+                            .release(req.key, req.token)
                             .await
                             .inspect_err(|e| tracing::warn!(error = %e, "could not release a claim whose earlier name could not be read; it holds the key until its lease ends"));
                     }
