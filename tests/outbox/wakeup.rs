@@ -151,12 +151,12 @@ async fn postgres_every_write_wakes_a_waiting_relay_and_only_then_notifies() {
 /// it), with a message pending: opening a store upgrades it in place. The
 /// message is kept, the trigger is gone, and every write still wakes a
 /// waiting relay (and notifies only then).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn postgres_an_outbox_of_the_earlier_schema_is_upgraded_in_place() {
+/// A schema of its own at migration 4 (the outbox's writers woke relays with
+/// a statement trigger then), one message pending: the admin pool, the
+/// schema's name and the options that open it.
+async fn schema_at_migration_4() -> Option<(PgPool, String, PgConnectOptions)> {
     let url = services::postgres_url();
-    let Some(admin) = services::reachable("PostgreSQL", &url, PgPool::connect(&url).await) else {
-        return;
-    };
+    let admin = services::reachable("PostgreSQL", &url, PgPool::connect(&url).await)?;
     let schema = format!("idem_outbox_old_{}", tag());
     sqlx::query(&format!("CREATE SCHEMA {schema}"))
         .execute(&admin)
@@ -213,6 +213,14 @@ async fn postgres_an_outbox_of_the_earlier_schema_is_upgraded_in_place() {
     .unwrap();
     tx.commit().await.unwrap();
     old.close().await;
+    Some((admin, schema, options))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_an_outbox_of_the_earlier_schema_is_upgraded_in_place() {
+    let Some((admin, schema, options)) = schema_at_migration_4().await else {
+        return;
+    };
 
     let store = PgStore::builder()
         .connect_with(options)
@@ -229,6 +237,65 @@ async fn postgres_an_outbox_of_the_earlier_schema_is_upgraded_in_place() {
     assert_eq!(backlog_of(&pool, "old").await.pending, 1);
     every_write_wakes_a_waiting_relay_and_only_then_notifies(&pool).await;
     pool.close().await;
+    sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+        .execute(&admin)
+        .await
+        .unwrap();
+}
+
+/// Migration 5 drops a trigger, which takes an ACCESS EXCLUSIVE lock on
+/// `idem_outbox`: behind a transaction that wrote a message and stays open,
+/// it waits, and every writer would queue behind it. Its wait is bounded:
+/// the store's start fails with PostgreSQL's lock timeout after about 5 s,
+/// the schema stays at migration 4 with the message kept, and a start once
+/// that transaction has ended migrates it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_migration_5_gives_up_behind_a_long_outbox_transaction() {
+    let Some((admin, schema, options)) = schema_at_migration_4().await else {
+        return;
+    };
+    let holder = PgPool::connect_with(options.clone()).await.unwrap();
+    let mut open = holder.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO idem_outbox (id, topic, payload, created_at, next_attempt_at) VALUES ('open', 'old', 'x', 0, 0)",
+    )
+    .execute(&mut *open)
+    .await
+    .unwrap();
+
+    let started = std::time::Instant::now();
+    let refused = tokio::time::timeout(
+        Duration::from_secs(30),
+        PgStore::builder().connect_with(options.clone()),
+    )
+    .await
+    .expect("the migration waited behind the open transaction with no bound")
+    .expect_err("a migration behind an open outbox transaction");
+    let waited = started.elapsed();
+    assert!(
+        refused.to_string().contains("lock timeout"),
+        "not the lock timeout: {refused}"
+    );
+    assert!(
+        waited >= Duration::from_secs(4) && waited < Duration::from_secs(30),
+        "waited {waited:?}"
+    );
+    let version: i64 = sqlx::query_scalar(&format!(
+        "SELECT max(version) FROM {schema}.idem_schema_migrations"
+    ))
+    .fetch_one(&admin)
+    .await
+    .unwrap();
+    assert_eq!(version, 4, "nothing of migration 5 stayed");
+
+    open.rollback().await.unwrap();
+    holder.close().await;
+    let store = PgStore::builder()
+        .connect_with(options)
+        .await
+        .expect("migrates once the transaction ended");
+    assert_eq!(backlog_of(store.pool(), "old").await.pending, 1);
+    store.pool().close().await;
     sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
         .execute(&admin)
         .await
